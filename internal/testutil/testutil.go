@@ -1,0 +1,28 @@
+package testutil
+
+import (
+	"os"
+	"testing"
+)
+
+// RequireRoot skips t unless the test runs as root. Privileged tests call it
+// first; CI runs as root, so there they always run.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: run the privileged tests with sudo (make test)")
+	}
+}
+
+// InCI reports whether the test runs under CI, where a missing feature that
+// this project's own scripts install is a failure, not a reason to skip.
+func InCI() bool { return os.Getenv("CI") != "" }
+
+// SkipOrFail skips t with reason on a developer machine and fails it in CI.
+func SkipOrFail(t testing.TB, reason string) {
+	t.Helper()
+	if InCI() {
+		t.Fatalf("required in CI: %s", reason)
+	}
+	t.Skip(reason)
+}
