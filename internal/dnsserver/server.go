@@ -41,10 +41,10 @@ type Stats struct {
 
 // Server is one running server.
 type Server struct {
-	cfg                                   Config
-	conn, replyConn                       *net.UDPConn
+	cfg                                    Config
+	conn, replyConn                        *net.UDPConn
 	received, answered, ignored, malformed atomic.Uint64
-	wg                                    sync.WaitGroup
+	wg                                     sync.WaitGroup
 }
 
 // Start binds the server's sockets in the caller's network namespace and
