@@ -1,0 +1,21 @@
+/* CO-RE flavours for kernel layouts that changed across the versions dnsrace
+ * supports (6.1 and later are tested; the comments say when each changed).
+ * A flavour is a struct named <real>___<suffix>: libbpf and cilium/ebpf
+ * relocate it against <real> in the running kernel's BTF, and
+ * bpf_core_field_exists() tells which flavour applies.
+ */
+#ifndef DNSRACE_CORE_FIXES_H
+#define DNSRACE_CORE_FIXES_H
+
+/* struct iov_iter: commit de4f5fed3f23 ("iov_iter: add iter_iovec() helper",
+ * v6.4) renamed the iovec pointer from iov to __iov. */
+struct iov_iter___pre64 {
+	const struct iovec *iov;
+} __attribute__((preserve_access_index));
+
+/* struct iov_iter: commit 8cd54c1c8480 ("iov_iter: separate direction from
+ * flavour", v5.14) replaced "unsigned int type" with "u8 iter_type". Kernels
+ * without iter_type are not supported for payload capture at send: the event
+ * still carries the socket tuple, with dns_len 0. */
+
+#endif /* DNSRACE_CORE_FIXES_H */
