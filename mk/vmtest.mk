@@ -1,0 +1,15 @@
+# Kernel matrix: the fentry and kprobe attach tiers tested in Debian kernels under qemu.
+# Included by the top Makefile; also usable alone: make -f mk/vmtest.mk vmtest
+# See docs/vmtest.md.
+
+VMTEST ?= scripts/vmtest
+# Extra arguments, e.g. VMTEST_ARGS="--only 6.1" or test binary specs NAME=PATH[:PATTERN].
+VMTEST_ARGS ?=
+
+.PHONY: vmtest vmtest-selftest
+
+vmtest: ## Run the test binaries in every kernel of scripts/kernels.txt under qemu (root; writes .cache/vmtest)
+	$(VMTEST) $(VMTEST_ARGS)
+
+vmtest-selftest: ## Check the vmtest log parser and matrix printer on canned logs (no VM)
+	$(VMTEST) --self-test

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Self-test of scripts/vmtest's log parser and matrix printer: canned console logs, no VM, no root.
+# Run: scripts/vmtest --self-test (or bash scripts/vmtest.d/selftest.sh).
+set -euo pipefail
+
+VMTEST=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/vmtest
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+fail() {
+	echo "FAIL: $*"
+	failures=$((failures + 1))
+}
+
+# expect NAME WANT_EXIT REGEX... -- LOG...: replays LOGs; checks the exit status and that every REGEX
+# matches a line of the output (a REGEX starting with ! must match no line).
+expect() {
+	local name=$1 want=$2 got=0 re before=$failures
+	shift 2
+	local res=()
+	while [ "$1" != -- ]; do
+		res+=("$1")
+		shift
+	done
+	shift
+	DNSRACE_VMTEST_MATRIX_OUT=$tmp/$name.json "$VMTEST" --replay "$@" >"$tmp/$name.out" 2>&1 || got=$?
+	[ "$got" = "$want" ] || fail "$name: exit $got, want $want"
+	for re in "${res[@]}"; do
+		if [[ $re == '!'* ]]; then
+			grep -qE -- "${re#!}" "$tmp/$name.out" && fail "$name: output matches '${re#!}'"
+		else
+			grep -qE -- "$re" "$tmp/$name.out" || fail "$name: no line matches '$re'"
+		fi
+	done
+	if command -v python3 >/dev/null; then
+		python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/$name.json" || fail "$name: JSON does not parse"
+	fi
+	if [ "$failures" -gt "$before" ]; then
+		sed 's/^/    /' "$tmp/$name.out"
+	else
+		echo "ok: $name"
+	fi
+}
+
+# A clean run on two kernels, with kernel messages, CRs and test output around the markers.
+cat >"$tmp/6.1.log" <<'EOF'
+VMTEST-PLAN kernel=6.1 package=linux-image-6.1.0-57-cloud-amd64-unsigned version=6.1.192-3 uname=6.1.0-57-cloud-amd64 tiers=fentry,kprobe,tracepoint suites=probe,lab accel=tcg timeout=600
+[    0.000000] Linux version 6.1.0-57-cloud-amd64
+VMTEST-BOOT kernel=6.1 uname=6.1.0-57-cloud-amd64 uptime=2.95 cpus=2
+VMTEST-MODULES kernel=6.1 loaded=23 failed=0 uptime=3.51
+=== RUN   TestForcedTier
+--- PASS: TestForcedTier (0.95s)
+VMTEST-RESULT kernel=6.1 tier=fentry suite=probe status=pass rc=0 seconds=1 passed=1 skipped=0 failed=0
+VMTEST-RESULT kernel=6.1 tier=fentry suite=lab status=skip rc=0 seconds=0 passed=0 skipped=2 failed=0
+VMTEST-RESULT kernel=6.1 tier=kprobe suite=probe status=pass rc=0 seconds=1 passed=1 skipped=0 failed=0
+[    4.200000] random: crng init done
+VMTEST-RESULT kernel=6.1 tier=kprobe suite=lab status=pass rc=0 seconds=9 passed=3 skipped=0 failed=0
+VMTEST-RESULT kernel=6.1 tier=tracepoint suite=probe status=pass rc=0 seconds=1 passed=1 skipped=0 failed=0
+VMTEST-RESULT kernel=6.1 tier=tracepoint suite=lab status=pass rc=0 seconds=9 passed=3 skipped=0 failed=0
+VMTEST-DONE kernel=6.1 uptime=30.1
+
+VMTEST-HOST kernel=6.1 rc=0 seconds=33.0 timedout=0
+EOF
+sed -e 's/6\.1\.0-57-cloud-amd64/6.12.117+deb12-cloud-amd64/g' -e 's/kernel=6\.1 /kernel=6.12 /g' \
+	-e 's/-unsigned version=6.1.192-3/-unsigned version=6.12.117-1~deb12u1/' -e 's/$/\r/' \
+	-e 's/^VMTEST-RESULT kernel=6.12 tier=kprobe suite=probe/[    5.1] audit: x VMTEST-RESULT kernel=6.12 tier=kprobe suite=probe/' \
+	"$tmp/6.1.log" >"$tmp/6.12.log"
+
+expect all-pass 0 \
+	'^kernel +uname +suite +fentry +kprobe +tracepoint' \
+	'^6\.1 +6\.1\.0-57-cloud-amd64 +probe +pass +pass +pass' \
+	'^6\.1 +6\.1\.0-57-cloud-amd64 +lab +skip +pass +pass' \
+	'^6\.12 +6\.12\.117\+deb12-cloud-amd64 +probe +pass +pass +pass' \
+	'^kernel 6\.1: linux-image-6\.1\.0-57-cloud-amd64-unsigned=6\.1\.192-3, boot 2\.95 s, guest wall 33\.0 s, qemu rc 0, done' \
+	'^cells: 10 pass, 2 skip, 0 fail; total wall time 66\.0 s' \
+	'! {2,}fail' \
+	-- "$tmp/6.1.log" "$tmp/6.12.log"
+grep -q '"status": "skip"' "$tmp/all-pass.json" || fail "all-pass: JSON lacks the skip cell"
+grep -q '"uname": "6.12.117+deb12-cloud-amd64"' "$tmp/all-pass.json" || fail "all-pass: JSON lacks the 6.12 uname"
+
+# One failing cell makes the whole run fail.
+sed 's/tier=kprobe suite=lab status=pass rc=0/tier=kprobe suite=lab status=fail rc=1/' "$tmp/6.1.log" >"$tmp/fail.log"
+expect one-fail 1 \
+	'^6\.1 +6\.1\.0-57-cloud-amd64 +lab +skip +fail +pass' \
+	'^cells: 9 pass, 2 skip, 1 fail' \
+	-- "$tmp/fail.log" "$tmp/6.12.log"
+grep -q '"tier": "kprobe", "suite": "lab", "status": "fail"' "$tmp/one-fail.json" || fail "one-fail: JSON lacks the failed cell"
+
+# A guest killed by the host timeout: the cells it never reported are failures marked timeout.
+head -n 7 "$tmp/6.1.log" >"$tmp/timeout.log"
+echo 'VMTEST-HOST kernel=6.1 rc=137 seconds=600.2 timedout=1' >>"$tmp/timeout.log"
+expect timeout 1 \
+	'^6\.1 +6\.1\.0-57-cloud-amd64 +probe +pass +fail\(timeout\) +fail\(timeout\)' \
+	'^6\.1 +6\.1\.0-57-cloud-amd64 +lab +fail\(timeout\) +fail\(timeout\) +fail\(timeout\)' \
+	'^cells: 1 pass, 0 skip, 5 fail' \
+	'qemu rc 137, timeout' \
+	-- "$tmp/timeout.log"
+
+# A guest that never booted (kernel panic before /init): every planned cell fails.
+printf '%s\n' "$(head -n 1 "$tmp/6.1.log")" '[    1.0] Kernel panic - not syncing: VFS: Unable to mount root fs' \
+	'VMTEST-HOST kernel=6.1 rc=0 seconds=3.0 timedout=0' >"$tmp/panic.log"
+expect no-boot 1 \
+	'^6\.1 +- +probe +fail\(no-result\) +fail\(no-result\) +fail\(no-result\)' \
+	'^cells: 0 pass, 0 skip, 6 fail' \
+	-- "$tmp/panic.log"
+
+# A log with no plan and no marker at all has no cells: that is a failure too, not a vacuous pass.
+echo 'garbage' >"$tmp/empty.log"
+expect empty 1 '^cells: 0 pass, 0 skip, 0 fail' -- "$tmp/empty.log"
+
+# A status the guest should never print counts as a failure.
+sed 's/tier=fentry suite=probe status=pass/tier=fentry suite=probe status=weird/' "$tmp/6.1.log" >"$tmp/weird.log"
+expect unknown-status 1 '^6\.1 +6\.1\.0-57-cloud-amd64 +probe +fail +pass +pass' -- "$tmp/weird.log"
+
+if [ "$failures" -gt 0 ]; then
+	echo "selftest: $failures failure(s)"
+	exit 1
+fi
+echo "selftest: all passed"
