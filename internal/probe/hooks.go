@@ -1,0 +1,207 @@
+package probe
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/dnsrace/dnsrace/internal/bpf"
+	"github.com/dnsrace/dnsrace/internal/event"
+)
+
+// ErrNoTracepoint is the Err of a confirm, clash or send hook when the
+// tracepoint tier was forced: those hooks have no tracepoint and need fentry
+// or kprobe.
+var ErrNoTracepoint = errors.New("no tracepoint for this hook: needs the fentry or kprobe tier")
+
+// ProbeInfo says how one hook is traced.
+type ProbeInfo struct {
+	Hook     string     // e.g. "kfree_skb", "nf_conntrack_confirm"
+	Tier     event.Tier // tier of the loaded programs; TierNone if none
+	Program  string     // BPF program name(s), "+"-joined for entry/exit pairs
+	Attached bool
+	// Err says why the hook is not attached, or why a better tier was
+	// skipped when it is attached with a lesser one. Nil when the best tier
+	// attached.
+	Err error
+}
+
+func (p ProbeInfo) String() string {
+	s := fmt.Sprintf("%-24s %-10s %-50s attached=%v", p.Hook, p.Tier, p.Program, p.Attached)
+	if p.Err != nil {
+		s += " (" + p.Err.Error() + ")"
+	}
+	return s
+}
+
+// attachPoint is one program of a hook and how to attach it.
+type attachPoint struct {
+	prog   string
+	kind   int // attachTracing, attachKprobe, attachKretprobe
+	symbol string
+}
+
+const (
+	attachTracing = iota
+	attachKprobe
+	attachKretprobe
+)
+
+// hookDef describes a hook: the tracepoint variant is chosen from the
+// kernel's BTF (tp), the fentry/kprobe tiers have fixed programs.
+type hookDef struct {
+	name     string
+	required bool // tracepoint hooks Open cannot do without
+	// tracepoint tier: returns the program for this kernel, or why none
+	tp func(k *btf.Spec) (string, error)
+	// function hooks
+	fn      string // kernel function, for the BTF lookup
+	module  string // kernel module that may hold fn
+	checkFn func(proto *btf.FuncProto) error
+	fentry  []attachPoint
+	kprobe  []attachPoint
+}
+
+func fixedTP(prog string) func(*btf.Spec) (string, error) {
+	return func(*btf.Spec) (string, error) { return prog, nil }
+}
+
+var hooks = []hookDef{
+	{name: "net_dev_queue", required: true, tp: fixedTP(bpf.DnsraceProgTpNetDevQueue)},
+	{name: "netif_receive_skb", required: true, tp: fixedTP(bpf.DnsraceProgTpNetifReceiveSkb)},
+	{name: "skb_copy_datagram_iovec", required: true, tp: fixedTP(bpf.DnsraceProgTpSkbCopyDatagramIovec)},
+	{name: "kfree_skb", required: true, tp: kfreeSkbVariant},
+	{name: "kmem_cache_free", tp: kmemCacheFreeVariant},
+	{name: "udp_fail_queue_rcv_skb", tp: udpFailVariant},
+	{
+		name: "nf_conntrack_confirm", fn: "__nf_conntrack_confirm", module: "nf_conntrack",
+		fentry: []attachPoint{
+			{prog: bpf.DnsraceProgFeNfConntrackConfirm, kind: attachTracing},
+			{prog: bpf.DnsraceProgFxNfConntrackConfirm, kind: attachTracing},
+		},
+		kprobe: []attachPoint{
+			{prog: bpf.DnsraceProgKpNfConntrackConfirm, kind: attachKprobe, symbol: "__nf_conntrack_confirm"},
+			{prog: bpf.DnsraceProgKrpNfConntrackConfirm, kind: attachKretprobe, symbol: "__nf_conntrack_confirm"},
+		},
+	},
+	{
+		name: "nf_ct_resolve_clash", fn: "nf_ct_resolve_clash", module: "nf_conntrack",
+		checkFn: checkResolveClash,
+		fentry:  []attachPoint{{prog: bpf.DnsraceProgFeNfCtResolveClash, kind: attachTracing}},
+		kprobe:  []attachPoint{{prog: bpf.DnsraceProgKpNfCtResolveClash, kind: attachKprobe, symbol: "nf_ct_resolve_clash"}},
+	},
+	{
+		name: "udp_sendmsg", fn: "udp_sendmsg",
+		fentry: []attachPoint{{prog: bpf.DnsraceProgFeUdpSendmsg, kind: attachTracing}},
+		kprobe: []attachPoint{{prog: bpf.DnsraceProgKpUdpSendmsg, kind: attachKprobe, symbol: "udp_sendmsg"}},
+	},
+	{
+		name: "udpv6_sendmsg", fn: "udpv6_sendmsg", module: "ipv6",
+		fentry: []attachPoint{{prog: bpf.DnsraceProgFeUdpv6Sendmsg, kind: attachTracing}},
+		kprobe: []attachPoint{{prog: bpf.DnsraceProgKpUdpv6Sendmsg, kind: attachKprobe, symbol: "udpv6_sendmsg"}},
+	},
+}
+
+// tracepointArgs returns the argument types of tracepoint tp (without the
+// leading context pointer) from the btf_trace_<tp> typedef.
+func tracepointArgs(k *btf.Spec, tp string) ([]btf.FuncParam, error) {
+	var td *btf.Typedef
+	if err := k.TypeByName("btf_trace_"+tp, &td); err != nil {
+		return nil, fmt.Errorf("tracepoint %s not in kernel BTF: %w", tp, err)
+	}
+	ptr, ok := btf.UnderlyingType(td.Type).(*btf.Pointer)
+	if !ok {
+		return nil, fmt.Errorf("btf_trace_%s is %T, not a function pointer", tp, td.Type)
+	}
+	proto, ok := btf.UnderlyingType(ptr.Target).(*btf.FuncProto)
+	if !ok || len(proto.Params) == 0 {
+		return nil, fmt.Errorf("btf_trace_%s does not point to a function prototype", tp)
+	}
+	return proto.Params[1:], nil
+}
+
+// kfreeSkbVariant picks the kfree_skb program by the tracepoint's arity:
+// (skb, location) before 5.17, + reason in 5.17, + rx_sk in 6.11.
+func kfreeSkbVariant(k *btf.Spec) (string, error) {
+	args, err := tracepointArgs(k, "kfree_skb")
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case len(args) >= 4:
+		return bpf.DnsraceProgTpKfreeSkbRxSk, nil
+	case len(args) == 3:
+		return bpf.DnsraceProgTpKfreeSkbReason, nil
+	case len(args) == 2:
+		return bpf.DnsraceProgTpKfreeSkbNoreason, nil
+	}
+	return "", fmt.Errorf("kfree_skb tracepoint has %d arguments, want 2 to 4", len(args))
+}
+
+// udpFailVariant: (rc, sk) before 6.10, (rc, sk, skb) since.
+func udpFailVariant(k *btf.Spec) (string, error) {
+	args, err := tracepointArgs(k, "udp_fail_queue_rcv_skb")
+	if err != nil {
+		return "", err
+	}
+	if len(args) >= 3 {
+		return bpf.DnsraceProgTpUdpFailQueueRcvSkb, nil
+	}
+	return bpf.DnsraceProgTpUdpFailQueueRcvSkbSk, nil
+}
+
+// kmemCacheFreeVariant needs the (call_site, ptr, struct kmem_cache *)
+// prototype of 6.1 and later.
+func kmemCacheFreeVariant(k *btf.Spec) (string, error) {
+	args, err := tracepointArgs(k, "kmem_cache_free")
+	if err != nil {
+		return "", err
+	}
+	if len(args) == 3 {
+		if p, ok := btf.UnderlyingType(args[2].Type).(*btf.Pointer); ok {
+			if s, ok := btf.UnderlyingType(p.Target).(*btf.Struct); ok && s.Name == "kmem_cache" {
+				return bpf.DnsraceProgTpKmemCacheFree, nil
+			}
+		}
+	}
+	return "", errors.New("kmem_cache_free tracepoint has no struct kmem_cache argument (kernel < 6.1): unconfirmed conntrack frees are not traced")
+}
+
+// checkResolveClash refuses the pre-5.6 prototype (net, skb, ctinfo, h).
+func checkResolveClash(proto *btf.FuncProto) error {
+	if len(proto.Params) != 3 {
+		return fmt.Errorf("nf_ct_resolve_clash has %d parameters; only the 5.6+ (skb, h, reply_hash) form is supported", len(proto.Params))
+	}
+	return nil
+}
+
+// findFunc looks fn up in vmlinux BTF, then in module's BTF.
+func findFunc(k *btf.Spec, fn, module string) (*btf.Func, error) {
+	var f *btf.Func
+	err := k.TypeByName(fn, &f)
+	if err == nil {
+		return f, nil
+	}
+	if module != "" {
+		if m, merr := btf.LoadKernelModuleSpec(module); merr == nil {
+			if merr = m.TypeByName(fn, &f); merr == nil {
+				return f, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("function %s not in kernel BTF: %w", fn, err)
+}
+
+func attach(ap attachPoint, p *ebpf.Program, spec *ebpf.ProgramSpec) (link.Link, error) {
+	switch ap.kind {
+	case attachKprobe:
+		return link.Kprobe(ap.symbol, p, nil)
+	case attachKretprobe:
+		return link.Kretprobe(ap.symbol, p, nil)
+	default:
+		return link.AttachTracing(link.TracingOptions{Program: p, AttachType: spec.AttachType})
+	}
+}
