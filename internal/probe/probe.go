@@ -7,7 +7,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -446,15 +445,17 @@ func (t *Tracer) Read(ctx context.Context, fn func(*event.Event)) error {
 	if t.rd == nil {
 		return errors.New("tracer is closed")
 	}
-	t.rd.SetDeadline(time.Time{})
-	stop := context.AfterFunc(ctx, func() { t.rd.SetDeadline(time.Now()) })
+	// ctx done: Flush wakes a blocked ReadInto, which returns the records
+	// still in the ring and then ErrFlushed. (SetDeadline would wait for the
+	// reader's lock, held while it blocks.)
+	stop := context.AfterFunc(ctx, func() { t.rd.Flush() })
 	defer stop()
 	for {
 		if err := t.rd.ReadInto(&t.rec); err != nil {
 			switch {
 			case errors.Is(err, ringbuf.ErrClosed):
 				return nil
-			case errors.Is(err, os.ErrDeadlineExceeded):
+			case errors.Is(err, ringbuf.ErrFlushed):
 				if ctx.Err() != nil {
 					return nil
 				}

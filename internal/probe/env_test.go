@@ -1,0 +1,242 @@
+package probe
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/dnsrace/dnsrace/internal/event"
+)
+
+// twoNS is a client and a server network namespace joined by a veth pair:
+// client 10.199.0.1/24 (dnsrace-t-c), server 10.199.0.2/24 (dnsrace-t-s).
+// The namespaces are unnamed (held by file descriptors only), so nothing is
+// left in /run/netns if a test dies, and a parallel lab teardown that
+// removes namespaces by name cannot touch them.
+type twoNS struct {
+	client, server       netns.NsHandle
+	clientIno, serverIno uint32
+}
+
+const (
+	clientAddr = "10.199.0.1"
+	serverAddr = "10.199.0.2"
+	vipAddr    = "10.96.199.10" // DNATed to serverAddr in the server namespace
+)
+
+func newTwoNS(t *testing.T) *twoNS {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatalf("getting the current netns: %v", err)
+	}
+	defer orig.Close()
+
+	mk := func() netns.NsHandle {
+		h, err := netns.New() // also switches this thread into it
+		if err != nil {
+			t.Fatalf("creating a netns: %v", err)
+		}
+		if err := netns.Set(orig); err != nil {
+			t.Fatalf("returning to the original netns: %v", err)
+		}
+		return h
+	}
+	n := &twoNS{client: mk(), server: mk()}
+	t.Cleanup(func() { n.client.Close(); n.server.Close() })
+	n.clientIno, n.serverIno = inode(t, n.client), inode(t, n.server)
+
+	// veth pair created in the client namespace, peer moved to the server.
+	hc, err := netlink.NewHandleAt(n.client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hc.Close()
+	hs, err := netlink.NewHandleAt(n.server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hs.Close()
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: "dnsrace-t-c"},
+		PeerName:      "dnsrace-t-s",
+		PeerNamespace: netlink.NsFd(n.server),
+	}
+	if err := hc.LinkAdd(veth); err != nil {
+		t.Fatalf("adding veth: %v", err)
+	}
+	up := func(h *netlink.Handle, name, addr string) {
+		for _, ifn := range []string{"lo", name} {
+			l, err := h.LinkByName(ifn)
+			if err != nil {
+				t.Fatalf("finding %s: %v", ifn, err)
+			}
+			if ifn != "lo" {
+				a, _ := netlink.ParseAddr(addr + "/24")
+				if err := h.AddrAdd(l, a); err != nil {
+					t.Fatalf("adding %s to %s: %v", addr, ifn, err)
+				}
+			}
+			if err := h.LinkSetUp(l); err != nil {
+				t.Fatalf("setting %s up: %v", ifn, err)
+			}
+		}
+	}
+	up(hc, "dnsrace-t-c", clientAddr)
+	up(hs, "dnsrace-t-s", serverAddr)
+	_, vip, _ := net.ParseCIDR(vipAddr + "/32")
+	cl, _ := hc.LinkByName("dnsrace-t-c")
+	if err := hc.RouteAdd(&netlink.Route{LinkIndex: cl.Attrs().Index, Dst: vip, Gw: net.ParseIP(serverAddr)}); err != nil {
+		t.Fatalf("adding route to the VIP: %v", err)
+	}
+	return n
+}
+
+func inode(t *testing.T, h netns.NsHandle) uint32 {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(h), &st); err != nil {
+		t.Fatal(err)
+	}
+	return uint32(st.Ino)
+}
+
+// nft runs an nft script inside ns (through nsenter on an inherited fd).
+func nft(t *testing.T, ns netns.NsHandle, script string) {
+	t.Helper()
+	fd, err := unix.Dup(int(ns)) // the File closes its own copy
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "netns")
+	defer f.Close()
+	cmd := exec.Command("nsenter", "--net=/proc/self/fd/3", "nft", "-f", "-")
+	cmd.ExtraFiles = []*os.File{f}
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft in netns: %v\n%s\n%s", err, out, script)
+	}
+}
+
+// sendUDP sends payload from the client namespace to dst:port.
+func (n *twoNS) sendUDP(t *testing.T, dst string, port int, payload []byte) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // not unlocked on failure: the thread then exits
+		orig, err := netns.Get()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(n.client); err != nil {
+			done <- err
+			return
+		}
+		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(dst), Port: port})
+		if err == nil {
+			_, err = c.Write(payload)
+			c.Close()
+		}
+		if serr := netns.Set(orig); serr != nil {
+			done <- serr
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- err
+	}()
+	if err := <-done; err != nil {
+		t.Fatalf("sending to %s:%d from the client netns: %v", dst, port, err)
+	}
+}
+
+func dnsQuery(t *testing.T, name string, qtype uint16) []byte {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion(name, qtype)
+	b, err := m.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// collector runs Tracer.Read in the background and keeps copies.
+type collector struct {
+	mu     sync.Mutex
+	events []event.Event
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func collect(t *testing.T, tr *Tracer) *collector {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &collector{cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		c.done <- tr.Read(ctx, func(e *event.Event) {
+			c.mu.Lock()
+			c.events = append(c.events, *e)
+			c.mu.Unlock()
+		})
+	}()
+	t.Cleanup(c.stop)
+	return c
+}
+
+func (c *collector) stop() {
+	c.cancel()
+	<-c.done
+	c.done <- nil // later stops return at once
+}
+
+// wait polls until match returns true for some event or the timeout.
+func (c *collector) wait(timeout time.Duration, match func(*event.Event) bool) (event.Event, bool) {
+	deadline := time.Now().Add(timeout)
+	for {
+		c.mu.Lock()
+		for i := range c.events {
+			if match(&c.events[i]) {
+				e := c.events[i]
+				c.mu.Unlock()
+				return e, true
+			}
+		}
+		c.mu.Unlock()
+		if time.Now().After(deadline) {
+			return event.Event{}, false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (c *collector) all() []event.Event {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]event.Event(nil), c.events...)
+}
+
+func (c *collector) dump(t *testing.T) {
+	for _, e := range c.all() {
+		t.Logf("  %s", describe(&e))
+	}
+}
+
+func describe(e *event.Event) string {
+	return fmt.Sprintf("%-8s %-10s netns=%d if=%d %s q=%s/%d ct=%#x st=%#x verdict=%d reason=%s",
+		e.Kind, e.Tier, e.NetNS, e.Ifindex, e.Packet, e.DNS.QName(), e.DNS.QType, e.CT.Ptr, e.CT.Status,
+		e.Verdict, DropReasonName(e.Reason))
+}

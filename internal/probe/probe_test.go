@@ -1,0 +1,360 @@
+package probe
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/miekg/dns"
+
+	"github.com/dnsrace/dnsrace/internal/bpf"
+	"github.com/dnsrace/dnsrace/internal/event"
+	"github.com/dnsrace/dnsrace/internal/testutil"
+)
+
+func requireBTF(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		testutil.SkipOrFail(t, "kernel has no BTF (/sys/kernel/btf/vmlinux)")
+	}
+}
+
+func open(t *testing.T, opts Options) *Tracer {
+	t.Helper()
+	tr, err := Open(opts)
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			t.Fatalf("Open: %-40v", ve)
+		}
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	for _, p := range tr.Probes() {
+		t.Logf("probe: %s", p)
+	}
+	return tr
+}
+
+func uniqueName(t *testing.T) string {
+	return fmt.Sprintf("t%08x.dnsrace.test.", rand.Uint32())
+}
+
+func hasName(e *event.Event, qname string) bool {
+	return bytes.Equal(e.DNS.NameBytes(), []byte(qname[:len(qname)-1]))
+}
+
+// TestTraceDrop sends a real DNS query between two namespaces whose server
+// side drops UDP to port 53 with nftables, and a UDP packet to port 9999.
+func TestTraceDrop(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	n := newTwoNS(t)
+	nft(t, n.server, `table inet dnsrace_t {
+	chain input {
+		type filter hook input priority 0; policy accept;
+		ct state new udp dport 53 drop
+	}
+}`)
+
+	// A ct rule makes the client netns track connections, so the xmit
+	// event carries a (confirmed) conntrack entry.
+	nft(t, n.client, `table inet dnsrace_t {
+	chain output {
+		type filter hook output priority 0; policy accept;
+		ct state new counter
+	}
+}`)
+
+	tr := open(t, Options{Attach: event.TierTracepoint})
+	c := collect(t, tr)
+
+	// Non-DNS first: the ring buffer is ordered, so once the DNS drop is
+	// read, an event for this packet would have been read too.
+	n.sendUDP(t, serverAddr, 9999, []byte("not dns"))
+	qname := uniqueName(t)
+	n.sendUDP(t, serverAddr, 53, dnsQuery(t, qname, dns.TypeAAAA))
+
+	netfilterDrop, ok := DropReasonValue("NETFILTER_DROP")
+	if !ok {
+		t.Fatal("enum skb_drop_reason has no NETFILTER_DROP in kernel BTF")
+	}
+	ours := func(e *event.Event) bool { return hasName(e, qname) }
+
+	xmit, ok := c.wait(5*time.Second, func(e *event.Event) bool { return ours(e) && e.Kind == event.KindXmit })
+	if !ok {
+		c.dump(t)
+		t.Fatal("no xmit event for the query")
+	}
+	if xmit.NetNS != n.clientIno || xmit.DNS.QType != dns.TypeAAAA || !xmit.DNS.Valid || xmit.DNS.Response ||
+		xmit.Packet.Dst.String() != serverAddr+":53" || xmit.Packet.Src.Addr().String() != clientAddr ||
+		xmit.Tier != event.TierTracepoint || xmit.Skb == 0 || xmit.Ifindex == 0 {
+		t.Errorf("xmit event: %s (client netns %d)", describe(&xmit), n.clientIno)
+	}
+	if xmit.CT.Ptr == 0 || !xmit.CT.Confirmed() || xmit.CT.Orig != xmit.Packet || xmit.CT.Reply != xmit.Packet.Reverse() {
+		t.Errorf("xmit event without the client's conntrack entry: %s orig %s", describe(&xmit), xmit.CT.Orig)
+	}
+
+	drop, ok := c.wait(5*time.Second, func(e *event.Event) bool { return ours(e) && e.Kind == event.KindDrop })
+	if !ok {
+		c.dump(t)
+		t.Fatal("no drop event for the query")
+	}
+	if drop.Reason != netfilterDrop || drop.NetNS != n.serverIno || drop.Location == 0 {
+		t.Errorf("drop event: %s location %#x (want reason NETFILTER_DROP=%d, server netns %d)",
+			describe(&drop), drop.Location, netfilterDrop, n.serverIno)
+	}
+	if got := DropReasonName(drop.Reason); got != "NETFILTER_DROP" {
+		t.Errorf("DropReasonName(%d) = %q", drop.Reason, got)
+	}
+	if _, ok := c.wait(0, func(e *event.Event) bool { return ours(e) && e.Kind == event.KindRecv && e.NetNS == n.serverIno }); !ok {
+		t.Errorf("no recv event in the server netns")
+	}
+
+	// The server netns tracks connections (the ct rule): the dropped
+	// packet's unconfirmed entry is freed.
+	free, ok := c.wait(2*time.Second, func(e *event.Event) bool {
+		return e.Kind == event.KindCTFree && e.NetNS == n.serverIno && e.CT.Orig.Src == xmit.Packet.Src
+	})
+	if !ok {
+		t.Errorf("no ct_free event for the dropped packet's conntrack entry")
+	} else if free.CT.Confirmed() || free.CT.Orig != xmit.Packet || free.CT.Ptr == 0 {
+		t.Errorf("ct_free event: %s orig %s", describe(&free), free.CT.Orig)
+	}
+
+	for _, e := range c.all() {
+		t.Logf("event: %s", describe(&e))
+		if e.Packet.Src.Port() == 9999 || e.Packet.Dst.Port() == 9999 {
+			t.Errorf("event for the non-DNS packet: %s", describe(&e))
+		}
+	}
+	if lost := tr.Lost(); lost != 0 {
+		t.Errorf("Lost() = %d", lost)
+	}
+	c.stop()
+	if m := tr.Malformed(); m != 0 {
+		t.Errorf("Malformed() = %d", m)
+	}
+}
+
+// testTier is the tier the VM harness (scripts/vmtest) forces, default
+// tracepoint.
+func testTier(t *testing.T) event.Tier {
+	s := os.Getenv("DNSRACE_TEST_TIER")
+	if s == "" {
+		return event.TierTracepoint
+	}
+	tier, err := event.ParseTier(s)
+	if err != nil {
+		t.Fatalf("DNSRACE_TEST_TIER: %v", err)
+	}
+	return tier
+}
+
+func probeByHook(tr *Tracer, hook string) ProbeInfo {
+	for _, p := range tr.Probes() {
+		if p.Hook == hook {
+			return p
+		}
+	}
+	return ProbeInfo{}
+}
+
+// TestForcedTier forces DNSRACE_TEST_TIER and checks that it is what got
+// attached; for fentry and kprobe it also needs a confirm event for a DNS
+// packet crossing a DNAT rule, and a send event.
+func TestForcedTier(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	tier := testTier(t)
+	tr := open(t, Options{Attach: tier})
+
+	for _, p := range tr.Probes() {
+		switch {
+		case p.Hook == "kmem_cache_free" || p.Hook == "udp_fail_queue_rcv_skb":
+			// optional: depend on the kernel's tracepoint prototype
+		case p.Hook == "nf_conntrack_confirm" || p.Hook == "udp_sendmsg" || p.Hook == "udpv6_sendmsg" || p.Hook == "nf_ct_resolve_clash":
+			if tier == event.TierTracepoint {
+				if p.Attached || !errors.Is(p.Err, ErrNoTracepoint) {
+					t.Errorf("%s with forced tracepoint tier: %s", p.Hook, p)
+				}
+			} else if !p.Attached || p.Tier != tier {
+				t.Errorf("%s: want %s attached, got %s", p.Hook, tier, p)
+			}
+		default:
+			if !p.Attached || p.Tier != event.TierTracepoint {
+				t.Errorf("%s: want tracepoint attached, got %s", p.Hook, p)
+			}
+		}
+	}
+	if tier == event.TierTracepoint {
+		return
+	}
+
+	n := newTwoNS(t)
+	nft(t, n.server, fmt.Sprintf(`table ip dnsrace_t {
+	chain prerouting {
+		type nat hook prerouting priority -100; policy accept;
+		ip daddr %s udp dport 53 dnat to %s
+	}
+}`, vipAddr, serverAddr))
+	c := collect(t, tr)
+	qname := uniqueName(t)
+	n.sendUDP(t, vipAddr, 53, dnsQuery(t, qname, dns.TypeA))
+
+	ours := func(e *event.Event) bool { return hasName(e, qname) }
+	conf, ok := c.wait(5*time.Second, func(e *event.Event) bool {
+		return ours(e) && e.Kind == event.KindConfirm && e.NetNS == n.serverIno
+	})
+	if !ok {
+		c.dump(t)
+		t.Fatal("no confirm event in the server netns")
+	}
+	if conf.Tier != tier || conf.Verdict != 1 || conf.CT.Ptr == 0 || conf.CT.Status&event.IPSDstNAT == 0 ||
+		conf.CT.Reply.Src.String() != serverAddr+":53" || conf.CTAfter != conf.CT.Ptr {
+		t.Errorf("confirm event: %s reply %s after %#x", describe(&conf), conf.CT.Reply, conf.CTAfter)
+	}
+	send, ok := c.wait(5*time.Second, func(e *event.Event) bool { return ours(e) && e.Kind == event.KindSend })
+	if !ok {
+		c.dump(t)
+		t.Fatal("no send event")
+	}
+	if send.Tier != tier || send.NetNS != n.clientIno || send.Packet.Dst.String() != vipAddr+":53" || send.DNS.QType != dns.TypeA {
+		t.Errorf("send event: %s", describe(&send))
+	}
+	if lost := tr.Lost(); lost != 0 {
+		t.Errorf("Lost() = %d", lost)
+	}
+}
+
+// TestForcedTierRefused: forcing fentry or kprobe where the kernel cannot
+// do it must fail Open with a TierError naming the hook. Where the tier
+// works (the VM kernels), Open must instead report it attached.
+func TestForcedTierRefused(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	for _, tier := range []event.Tier{event.TierFentry, event.TierKprobe} {
+		t.Run(tier.String(), func(t *testing.T) {
+			tr, err := Open(Options{Attach: tier})
+			if err == nil {
+				defer tr.Close()
+				if p := probeByHook(tr, "nf_conntrack_confirm"); !p.Attached || p.Tier != tier {
+					t.Errorf("Open succeeded but confirm hook is %s", p)
+				}
+				t.Logf("%s works on this kernel: %s", tier, probeByHook(tr, "nf_conntrack_confirm"))
+				return
+			}
+			var te *TierError
+			if !errors.As(err, &te) {
+				t.Fatalf("forced %s: error is not a TierError: %v", tier, err)
+			}
+			if te.Tier != tier || te.Hook == "" || te.Err == nil {
+				t.Errorf("TierError %+v", te)
+			}
+			t.Logf("forced %s refused as expected: %v", tier, err)
+		})
+	}
+}
+
+// TestKprobeProgramsLoad runs the verifier on the kprobe programs, which
+// load on every kernel with kprobe support compiled into BPF even where
+// they cannot attach (as on the CI host).
+func TestKprobeProgramsLoad(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	l, err := newLoader(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.t.Close()
+	for _, h := range hooks {
+		if len(h.kprobe) == 0 {
+			continue
+		}
+		coll, err := l.load(func() []string {
+			var p []string
+			for _, ap := range h.kprobe {
+				p = append(p, ap.prog)
+			}
+			return p
+		}()...)
+		if err != nil {
+			var ve *ebpf.VerifierError
+			if errors.As(err, &ve) {
+				t.Errorf("%s: %-40v", h.name, ve)
+			} else {
+				t.Errorf("%s: %v", h.name, err)
+			}
+			continue
+		}
+		coll.Close()
+	}
+}
+
+func TestTracepointVariants(t *testing.T) {
+	requireBTF(t)
+	k, err := kernelSpec("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hooks {
+		if h.tp == nil {
+			continue
+		}
+		prog, err := h.tp(k)
+		t.Logf("%s -> %s %v", h.name, prog, err)
+		if h.required && err != nil {
+			t.Errorf("%s: %v", h.name, err)
+		}
+		if err == nil {
+			if _, ok := mustSpec(t).Programs[prog]; !ok {
+				t.Errorf("%s: program %s not in the object", h.name, prog)
+			}
+		}
+	}
+}
+
+func mustSpec(t *testing.T) *ebpf.CollectionSpec {
+	s, err := bpf.LoadDnsrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestCloseIdempotent(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	tr, err := Open(Options{Attach: event.TierTracepoint, RingBufferSize: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Close(); err != nil {
+		t.Errorf("first Close: %v", err)
+	}
+	if err := tr.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if err := tr.Read(t.Context(), func(*event.Event) {}); err != nil {
+		t.Errorf("Read after Close: %v", err)
+	}
+}
+
+func TestDropReasonName(t *testing.T) {
+	requireBTF(t)
+	v, ok := DropReasonValue("NOT_SPECIFIED")
+	if !ok {
+		t.Fatal("no NOT_SPECIFIED in enum skb_drop_reason")
+	}
+	if DropReasonName(v) != "NOT_SPECIFIED" {
+		t.Errorf("round trip: %q", DropReasonName(v))
+	}
+	if got := DropReasonName(0xfffffff); got != "reason(268435455)" {
+		t.Errorf("unknown value: %q", got)
+	}
+}
