@@ -1,0 +1,21 @@
+# BPF code generation, included from the top Makefile (include mk/bpf.mk).
+#
+# bpf2go compiles bpf/dnsrace.bpf.c against headers/ and writes the object and
+# Go bindings to internal/bpf/. The outputs are committed; CI runs
+# `make generate` and fails on `git diff`, so these settings must stay what
+# produced the committed files.
+
+BPF2GO_CC ?= clang-19
+BPF2GO_STRIP ?= llvm-strip-19
+BPF2GO_CFLAGS ?= -O2 -g -Wall -Werror -mcpu=v2
+
+BPF_SOURCES := $(wildcard bpf/*.c bpf/*.h headers/*.h)
+
+.PHONY: generate generate-check
+
+generate: ## Regenerate internal/bpf from bpf/ (needs clang-19, llvm-19)
+	BPF2GO_CC="$(BPF2GO_CC)" BPF2GO_STRIP="$(BPF2GO_STRIP)" BPF2GO_CFLAGS="$(BPF2GO_CFLAGS)" \
+		go generate ./internal/bpf/...
+
+generate-check: generate ## Regenerate and fail if the committed objects differ
+	git diff --exit-code -- internal/bpf/
