@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/miekg/dns"
 
 	"github.com/dnsrace/dnsrace/internal/bpf"
@@ -55,21 +57,17 @@ func TestTraceDrop(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	n := newTwoNS(t)
-	nft(t, n.server, `table inet dnsrace_t {
-	chain input {
-		type filter hook input priority 0; policy accept;
-		ct state new udp dport 53 drop
-	}
-}`)
+	// nft: inet filter input: ct state new udp dport 53 drop
+	nftRules(t, n.server, nftables.TableFamilyINet, nftables.ChainTypeFilter,
+		nftables.ChainHookInput, nftables.ChainPriorityFilter,
+		join(ctStateNew(), udpDport(53), []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}})...)
 
 	// A ct rule makes the client netns track connections, so the xmit
 	// event carries a (confirmed) conntrack entry.
-	nft(t, n.client, `table inet dnsrace_t {
-	chain output {
-		type filter hook output priority 0; policy accept;
-		ct state new counter
-	}
-}`)
+	// nft: inet filter output: ct state new counter
+	nftRules(t, n.client, nftables.TableFamilyINet, nftables.ChainTypeFilter,
+		nftables.ChainHookOutput, nftables.ChainPriorityFilter,
+		join(ctStateNew(), []expr.Any{&expr.Counter{}})...)
 
 	tr := open(t, Options{Attach: event.TierTracepoint})
 	c := collect(t, tr)
@@ -197,12 +195,10 @@ func TestForcedTier(t *testing.T) {
 	}
 
 	n := newTwoNS(t)
-	nft(t, n.server, fmt.Sprintf(`table ip dnsrace_t {
-	chain prerouting {
-		type nat hook prerouting priority -100; policy accept;
-		ip daddr %s udp dport 53 dnat to %s
-	}
-}`, vipAddr, serverAddr))
+	// nft: ip nat prerouting: ip daddr VIP udp dport 53 dnat to server
+	nftRules(t, n.server, nftables.TableFamilyIPv4, nftables.ChainTypeNAT,
+		nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest,
+		join(ipDaddr(vipAddr), udpDport(53), dnatTo(serverAddr))...)
 	c := collect(t, tr)
 	qname := uniqueName(t)
 	n.sendUDP(t, vipAddr, 53, dnsQuery(t, qname, dns.TypeA))
