@@ -113,6 +113,30 @@ expect empty 1 '^cells: 0 pass, 0 skip, 0 fail' -- "$tmp/empty.log"
 sed 's/tier=fentry suite=probe status=pass/tier=fentry suite=probe status=weird/' "$tmp/6.1.log" >"$tmp/weird.log"
 expect unknown-status 1 '^6\.1 +6\.1\.0-57-cloud-amd64 +probe +fail +pass +pass' -- "$tmp/weird.log"
 
+# A suite planned in only some tiers (suite_tiers=): its other cells are not planned ("-"), a tier-less
+# suite ("any") gets its own column, and a missing "any" result is still a failure.
+cat >"$tmp/tiers.log" <<'EOF'
+VMTEST-PLAN kernel=6.1 package=p version=1 uname=u tiers=fentry,kprobe,tracepoint,any suites=probe,lab suite_tiers=probe:fentry+kprobe+tracepoint,lab:any accel=tcg timeout=600
+VMTEST-BOOT kernel=6.1 uname=6.1.0-57-cloud-amd64 uptime=2.95 cpus=2
+VMTEST-RESULT kernel=6.1 tier=fentry suite=probe status=pass rc=0 seconds=1 passed=1 skipped=0 failed=0
+VMTEST-RESULT kernel=6.1 tier=kprobe suite=probe status=pass rc=0 seconds=1 passed=1 skipped=0 failed=0
+VMTEST-RESULT kernel=6.1 tier=tracepoint suite=probe status=pass rc=0 seconds=1 passed=1 skipped=0 failed=0
+VMTEST-RESULT kernel=6.1 tier=any suite=lab status=pass rc=0 seconds=90 passed=7 skipped=0 failed=0
+VMTEST-DONE kernel=6.1 uptime=100
+VMTEST-HOST kernel=6.1 rc=0 seconds=102.5 timedout=0
+EOF
+expect suite-tiers 0 \
+	'^kernel +uname +suite +fentry +kprobe +tracepoint +any' \
+	'^6\.1 +6\.1\.0-57-cloud-amd64 +probe +pass +pass +pass +- *$' \
+	'^6\.1 +6\.1\.0-57-cloud-amd64 +lab +- +- +- +pass' \
+	'^cells: 4 pass, 0 skip, 0 fail' \
+	-- "$tmp/tiers.log"
+grep -v 'tier=any' "$tmp/tiers.log" >"$tmp/tiers-missing.log"
+expect suite-tiers-missing 1 \
+	'^6\.1 +6\.1\.0-57-cloud-amd64 +lab +- +- +- +fail\(no-result\)' \
+	'^cells: 3 pass, 0 skip, 1 fail' \
+	-- "$tmp/tiers-missing.log"
+
 if [ "$failures" -gt 0 ]; then
 	echo "selftest: $failures failure(s)"
 	exit 1
