@@ -129,11 +129,14 @@ func (r *Reader) Read() (Snapshot, error) {
 		s.PerCPU[cpu] = decodeCounters(attrs)
 		s.Total.add(s.PerCPU[cpu])
 	}
-	msgs, err = r.query(msgGetStats, netlink.Request)
+	msgs, err = r.query(msgGetStats, netlink.Request|netlink.Dump|netlink.Acknowledge)
 	if err != nil {
 		return s, fmt.Errorf("reading global conntrack statistics: %w", err)
 	}
 	for _, m := range msgs {
+		if m.Header.Type != netlink.HeaderType(uint16(netfilter.NFSubsysCTNetlink)<<8|msgGetStats) {
+			continue // the acknowledgement
+		}
 		_, attrs, err := netfilter.UnmarshalNetlink(m)
 		if err != nil {
 			return s, fmt.Errorf("decoding global conntrack statistics: %w", err)

@@ -195,4 +195,3 @@ func podCounters(ns string) (sent, answers uint64, err error) {
 	answers, err = read("input")
 	return
 }
-

@@ -91,11 +91,13 @@ type Topology struct {
 	ResolvOptions []string `json:"resolv_options,omitempty"`
 }
 
-func (t Topology) NodeNS() string       { return t.Prefix + "-node" }
-func (t Topology) DNSNS() string        { return t.Prefix + "-dns" }
-func (t Topology) PodNS(i int) string   { return fmt.Sprintf("%s-pod%d", t.Prefix, i) }
-func (t Topology) statePath() string    { return filepath.Join(StateDir, t.Prefix+".json") }
-func (t Topology) namespaces() []string { return append([]string{t.NodeNS(), t.DNSNS()}, t.podNames()...) }
+func (t Topology) NodeNS() string     { return t.Prefix + "-node" }
+func (t Topology) DNSNS() string      { return t.Prefix + "-dns" }
+func (t Topology) PodNS(i int) string { return fmt.Sprintf("%s-pod%d", t.Prefix, i) }
+func (t Topology) statePath() string  { return filepath.Join(StateDir, t.Prefix+".json") }
+func (t Topology) namespaces() []string {
+	return append([]string{t.NodeNS(), t.DNSNS()}, t.podNames()...)
+}
 
 func (t Topology) podNames() []string {
 	names := make([]string, t.Pods)

@@ -1,0 +1,65 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dnsrace/dnsrace/internal/nsutil"
+	"github.com/dnsrace/dnsrace/internal/testutil"
+)
+
+const testPrefix = "dnsrace-t"
+
+// assertNothingLeft fails t if the lab left a namespace, an /etc/netns
+// folder, a state file or a process behind.
+func assertNothingLeft(t *testing.T, prefix string) {
+	t.Helper()
+	if names, _ := nsutil.List(prefix + "-"); len(names) > 0 {
+		t.Errorf("namespaces left behind: %v", names)
+	}
+	if ents, _ := os.ReadDir(nsutil.EtcDir); ents != nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), prefix+"-") {
+				t.Errorf("/etc/netns/%s left behind", e.Name())
+			}
+		}
+	}
+	if _, err := os.Stat(Topology{Prefix: prefix}.statePath()); err == nil {
+		t.Errorf("state file %s left behind", Topology{Prefix: prefix}.statePath())
+	}
+}
+
+// TestScenarios runs every scenario on this machine's kernel and checks the
+// outcome each must show. Set DNSRACE_SCENARIOS to run a subset.
+func TestScenarios(t *testing.T) {
+	testutil.RequireRoot(t)
+	only := os.Getenv("DNSRACE_SCENARIOS")
+	for _, sc := range Scenarios {
+		if only != "" && !strings.Contains(","+only+",", ","+sc.Name+",") {
+			continue
+		}
+		t.Run(sc.Name, func(t *testing.T) {
+			rep, err := Run(context.Background(), RunConfig{Prefix: testPrefix, Drive: DriveConfig{Scenario: sc}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := json.MarshalIndent(rep, "", " ")
+			if !rep.Expectation.Met {
+				t.Errorf("%s: expectation %q not met: %v\n%s", sc.Name, sc.Expect, rep.Expectation.Failures, b)
+			} else {
+				t.Logf("lookups %d stalls %d sent %d answers %d conntrack %+v nodeUDP %+v podUDP %+v servers %+v pairs %d/%d",
+					rep.Lookups, rep.Stalls, rep.QueriesSent, rep.AnswersReceived, rep.Conntrack, rep.NodeUDP, rep.PodUDP, rep.Servers, rep.PairsLost, rep.Pairs)
+			}
+			if rep.Lookups == 0 {
+				t.Errorf("no lookup completed")
+			}
+			assertNothingLeft(t, testPrefix)
+		})
+	}
+}
+
+var _ = time.Second
