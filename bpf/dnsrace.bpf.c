@@ -382,9 +382,12 @@ int BPF_PROG(tp_udp_fail_queue_rcv_skb_sk, int rc, struct sock *sk)
 
 /* kmem:kmem_cache_free with the cache argument (v6.1, "mm/sl[au]b:
  * generalize kmalloc subsystem" series; earlier kernels passed the name or
- * nothing and are not supported). Runs on every slab free in the system, so
- * the common path is one array lookup and one compare. */
-SEC("tp_btf/kmem_cache_free")
+ * nothing and are not supported: the loader checks the prototype). A raw
+ * tracepoint, not tp_btf: 6.1's verifier refuses tp_btf reads of the
+ * "const void *ptr" argument ("arg1 type UNKNOWN is not a struct"). Runs on
+ * every slab free in the system, so the common path is one array lookup and
+ * one compare. */
+SEC("raw_tp/kmem_cache_free")
 int BPF_PROG(tp_kmem_cache_free, unsigned long call_site, const void *ptr,
 	     struct kmem_cache *s)
 {
@@ -530,6 +533,17 @@ int BPF_PROG(fx_nf_conntrack_confirm, struct sk_buff *skb, int ret)
 
 /* ---- nf_ct_resolve_clash (kprobe and fentry tiers) -------------------- */
 
+/* ptr_value returns p's address as a plain number. In fentry programs p
+ * is a typed BTF pointer, and the verifier refuses arithmetic on it with a
+ * variable offset (6.1: "value ... makes ptr_ pointer be out of bounds");
+ * reading the spilled value back through a helper launders it. */
+static __always_inline __u64 ptr_value(const void *p)
+{
+	__u64 v = 0;
+	bpf_probe_read_kernel(&v, sizeof(v), &p);
+	return v;
+}
+
 /* Signature since v5.6 (6a757c07e51f series): (skb, h, reply_hash); h is a
  * tuplehash of the entry already in the table. Earlier kernels are not
  * supported (the loader checks the BTF prototype). */
@@ -552,7 +566,7 @@ static __always_inline int clash(struct sk_buff *skb, struct nf_conntrack_tuple_
 	/* nf_ct_tuplehash_to_ctrack: container_of(h, struct nf_conn,
 	 * tuplehash[h->tuple.dst.dir]) */
 	__u8 dir = BPF_CORE_READ(h, tuple.dst.dir) & 1;
-	__u64 winner = (__u64)h - bpf_core_field_offset(struct nf_conn, tuplehash) -
+	__u64 winner = ptr_value(h) - bpf_core_field_offset(struct nf_conn, tuplehash) -
 		       dir * bpf_core_type_size(struct nf_conntrack_tuple_hash);
 	read_ct(&e->winner, (struct nf_conn *)winner);
 	bpf_ringbuf_submit(e, 0);

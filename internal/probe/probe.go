@@ -251,7 +251,7 @@ func (l *loader) tracepoint(h hookDef) error {
 	info.Program = prog
 	coll, err := l.load(prog)
 	if err != nil {
-		err = explain(fmt.Errorf("loading tp_btf/%s (%s): %w", h.name, prog, err))
+		err = explain(fmt.Errorf("loading %s (%s): %w", l.spec.Programs[prog].SectionName, prog, err))
 		if h.required {
 			return err
 		}
@@ -260,9 +260,14 @@ func (l *loader) tracepoint(h hookDef) error {
 		return nil
 	}
 	l.t.colls = append(l.t.colls, coll)
-	lk, err := link.AttachTracing(link.TracingOptions{Program: coll.Programs[prog], AttachType: ebpf.AttachTraceRawTp})
+	var lk link.Link
+	if ps := l.spec.Programs[prog]; ps.Type == ebpf.RawTracepoint {
+		lk, err = link.AttachRawTracepoint(link.RawTracepointOptions{Name: ps.AttachTo, Program: coll.Programs[prog]})
+	} else {
+		lk, err = link.AttachTracing(link.TracingOptions{Program: coll.Programs[prog], AttachType: ebpf.AttachTraceRawTp})
+	}
 	if err != nil {
-		err = fmt.Errorf("attaching tp_btf/%s: %w", h.name, err)
+		err = fmt.Errorf("attaching %s: %w", l.spec.Programs[prog].SectionName, err)
 		if h.required {
 			return err
 		}

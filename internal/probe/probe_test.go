@@ -220,6 +220,11 @@ func TestForcedTier(t *testing.T) {
 		c.dump(t)
 		t.Fatal("no send event")
 	}
+	for _, e := range c.all() {
+		if ours(&e) || e.Kind == event.KindConfirm {
+			t.Logf("event: %s ct.reply=%s ct_after=%#x", describe(&e), e.CT.Reply, e.CTAfter)
+		}
+	}
 	if send.Tier != tier || send.NetNS != n.clientIno || send.Packet.Dst.String() != vipAddr+":53" || send.DNS.QType != dns.TypeA {
 		t.Errorf("send event: %s", describe(&send))
 	}
