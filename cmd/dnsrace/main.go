@@ -12,6 +12,8 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+
+	"github.com/dnsrace/dnsrace/internal/nsutil"
 )
 
 // command is one `dnsrace <name>` subcommand. run gets the arguments after
@@ -44,6 +46,9 @@ type exitCodeError struct{ code int }
 func (e exitCodeError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
 func main() {
+	// The binary doubles as the helper that enters a namespace for lab
+	// clients (`ip netns exec` semantics); that path never returns.
+	nsutil.MaybeExecHelper()
 	os.Exit(run(os.Args[1:]))
 }
 

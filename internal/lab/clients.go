@@ -129,19 +129,33 @@ func runClient(ctx, stop context.Context, p clientParams) *ClientReport {
 }
 
 func runGlibc(ctx, stop context.Context, p clientParams, rep *ClientReport) {
-	var crashOnce sync.Once
-	start := time.Now()
+	var mu sync.Mutex
+	var inflight *exec.Cmd
+	if p.crashAfter > 0 {
+		t := time.AfterFunc(p.crashAfter, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if inflight != nil {
+				_ = inflight.Process.Signal(syscall.SIGKILL)
+			}
+		})
+		defer t.Stop()
+	}
 	for stop.Err() == nil {
 		cmd := nsutil.Command(ctx, rep.NetNS, "getent", "ahosts", rep.QName)
 		t0 := time.Now()
-		if err := cmd.Start(); err != nil {
+		mu.Lock()
+		err := cmd.Start()
+		inflight = cmd
+		mu.Unlock()
+		if err != nil {
 			rep.Failed++
 			return
 		}
-		if p.crashAfter > 0 && time.Since(start) >= p.crashAfter {
-			crashOnce.Do(func() { _ = cmd.Process.Signal(syscall.SIGKILL) })
-		}
-		err := cmd.Wait()
+		err = cmd.Wait()
+		mu.Lock()
+		inflight = nil
+		mu.Unlock()
 		d := time.Since(t0)
 		if ctx.Err() != nil {
 			return // cut short (interrupted, or past the drain bound): not a lookup

@@ -220,16 +220,23 @@ type RunConfig struct {
 }
 
 // Run builds the scenario's lab, drives it, and always tears it down.
-func Run(ctx context.Context, cfg RunConfig) (rep *Report, err error) {
+func Run(ctx context.Context, cfg RunConfig) (*Report, error) {
 	sc := cfg.Drive.Scenario
 	pods := cfg.Pods
 	if pods == 0 {
 		pods = sc.Pods
 	}
+	return RunTopology(ctx, sc.Topology(cfg.Prefix, pods), cfg)
+}
+
+// RunTopology is Run with an explicit topology (flags may change a
+// scenario's default shape).
+func RunTopology(ctx context.Context, t Topology, cfg RunConfig) (rep *Report, err error) {
+	sc := cfg.Drive.Scenario
 	if cfg.Drive.Duration == 0 {
 		cfg.Drive.Duration = sc.Duration
 	}
-	l, err := up(sc.Topology(cfg.Prefix, pods), sc.Server, cfg.FailStep)
+	l, err := up(t, sc.Server, cfg.FailStep)
 	if err != nil {
 		return nil, err
 	}

@@ -133,8 +133,9 @@ type State struct {
 	Topology Topology  `json:"topology"`
 	Created  time.Time `json:"created"`
 	// ServerPID is the detached process serving DNS for `lab up`.
-	ServerPID int    `json:"server_pid,omitempty"`
-	Scenario  string `json:"scenario,omitempty"`
+	ServerPID int          `json:"server_pid,omitempty"`
+	Scenario  string       `json:"scenario,omitempty"`
+	Server    ServerConfig `json:"server"`
 }
 
 // ErrLabUp is returned when a lab with the same prefix is standing.

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dnsrace/dnsrace/internal/lab"
+	"github.com/dnsrace/dnsrace/internal/nsutil"
+	"github.com/dnsrace/dnsrace/internal/testutil"
+)
+
+// leftovers lists everything a lab with prefix may leave behind:
+// namespaces, /etc/netns folders, its state file, and processes started
+// for it (namespace helpers, getent, the detached DNS backends).
+func leftovers(prefix string) []string {
+	var left []string
+	names, _ := nsutil.List(prefix + "-")
+	for _, n := range names {
+		left = append(left, "netns "+n)
+	}
+	if ents, err := os.ReadDir(nsutil.EtcDir); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), prefix+"-") {
+				left = append(left, "/etc/netns/"+e.Name())
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(lab.StateDir, prefix+".json")); err == nil {
+		left = append(left, "state file")
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		cmd := strings.ReplaceAll(string(b), "\x00", " ")
+		if strings.Contains(cmd, nsutil.ExecHelperArg+" "+prefix+"-") || strings.Contains(cmd, "--prefix "+prefix+" ") || strings.HasSuffix(cmd, "--prefix "+prefix+" ") {
+			left = append(left, "process "+cmd)
+		}
+	}
+	return left
+}
+
+func assertClean(t *testing.T, prefix string) {
+	t.Helper()
+	// Killed processes may take a moment to be reaped by their parent.
+	var left []string
+	for i := 0; i < 40; i++ {
+		if left = leftovers(prefix); len(left) == 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Errorf("left behind: %v", left)
+	_ = lab.Teardown(prefix)
+}
+
+func TestLabBadInput(t *testing.T) {
+	cases := [][]string{
+		{"lab", "run", "--scenario", "no-such"},
+		{"lab", "run", "--scenario", "snat-port", "--pods", "0"},
+		{"lab", "run", "--scenario", "snat-port", "--snat-ports", "2000-1000"},
+		{"lab", "run", "--scenario", "snat-port", "--resolver", "bind9"},
+		{"lab", "run"},
+		{"lab", "run", "--scenario", "snat-port", "--no-such-flag"},
+		{"lab", "bench", "--iterations", "0"},
+		{"lab", "frobnicate"},
+	}
+	for _, args := range cases {
+		r := runBin(t, 10*time.Second, args...)
+		lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+		if r.code != 2 {
+			t.Errorf("%v: exit %d, want 2 (stderr %q)", args, r.code, r.stderr)
+		}
+		if args[len(args)-1] != "--no-such-flag" && len(lines) != 1 {
+			t.Errorf("%v: want a one-line error, got %q", args, r.stderr)
+		}
+	}
+}
+
+func TestLabNotRoot(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		testutil.SkipOrFail(t, "setpriv (util-linux) not installed")
+	}
+	cmd := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", dnsraceBin, "lab", "run", "--scenario", "snat-port")
+	out, err := cmd.CombinedOutput()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "needs root") || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 {
+		t.Fatalf("as nobody: %v, output %q; want exit 2 and a one-line 'needs root'", err, out)
+	}
+}
+
+func TestLabUpTwiceAndDown(t *testing.T) {
+	testutil.RequireRoot(t)
+	const prefix = "dnsrace-e1"
+	defer assertClean(t, prefix)
+	r := runBin(t, 60*time.Second, "lab", "up", "--scenario", "snat-port", "--prefix", prefix)
+	if r.code != 0 {
+		t.Fatalf("lab up: exit %d: %s", r.code, r.stderr)
+	}
+	r2 := runBin(t, 60*time.Second, "lab", "up", "--scenario", "snat-port", "--prefix", prefix)
+	if r2.code == 0 || !strings.Contains(r2.stderr, "already up") {
+		t.Errorf("second lab up: exit %d, stderr %q; want a clear 'already up' error", r2.code, r2.stderr)
+	}
+	// The first lab must still be whole: a real lookup through it works.
+	out, err := exec.Command(dnsraceBin, nsutil.ExecHelperArg, prefix+"-pod0", "--", "getent", "ahosts", lab.QName(0)).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "192.0.2.53") {
+		t.Errorf("lookup in the standing lab: %v: %s", err, out)
+	}
+	if r := runBin(t, 60*time.Second, "lab", "down", "--prefix", prefix); r.code != 0 {
+		t.Fatalf("lab down: exit %d: %s", r.code, r.stderr)
+	}
+}
+
+func TestLabInterruptLeavesNothing(t *testing.T) {
+	testutil.RequireRoot(t)
+	const prefix = "dnsrace-e2"
+	defer assertClean(t, prefix)
+	cmd := exec.Command(dnsraceBin, "lab", "run", "--scenario", "snat-port", "--duration", "60s", "--prefix", prefix)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Interrupt mid-run, while getent processes are in flight.
+	deadline := time.Now().Add(30 * time.Second)
+	for !nsutil.Exists(prefix+"-pod0") && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second)
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Errorf("interrupted run exited 0")
+		}
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("lab run did not exit within 30s of SIGINT")
+	}
+}
+
+func TestLabFailedStepLeavesNothing(t *testing.T) {
+	testutil.RequireRoot(t)
+	const prefix = "dnsrace-e3"
+	for _, step := range []string{"namespaces", "links", "sysctls", "rules", "resolv.conf", "servers"} {
+		r := runBin(t, 60*time.Second, "lab", "run", "--scenario", "snat-port", "--prefix", prefix, "--fail-at-step", step)
+		if r.code == 0 || !strings.Contains(r.stderr, "injected failure") {
+			t.Errorf("step %s: exit %d, stderr %q", step, r.code, r.stderr)
+		}
+		assertClean(t, prefix)
+	}
+	// The same for a standing lab.
+	r := runBin(t, 60*time.Second, "lab", "up", "--scenario", "snat-port", "--prefix", prefix, "--fail-at-step", "rules")
+	if r.code == 0 {
+		t.Errorf("lab up with a failing step exited 0")
+	}
+	assertClean(t, prefix)
+}
+
+func TestLabClientCrashLeavesNothing(t *testing.T) {
+	testutil.RequireRoot(t)
+	const prefix = "dnsrace-e4"
+	defer assertClean(t, prefix)
+	r := runBin(t, 120*time.Second, "lab", "run", "--scenario", "upstream-loss", "--prefix", prefix,
+		"--duration", "4s", "--crash-client-after", "1s", "--json")
+	var rep lab.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("decoding report: %v (exit %d, stderr %q)", err, r.code, r.stderr)
+	}
+	if rep.Crashed < 1 {
+		t.Errorf("clients_crashed = %d, want >= 1", rep.Crashed)
+	}
+}
