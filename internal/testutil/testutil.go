@@ -9,6 +9,9 @@ import (
 // first; CI runs as root, so there they always run.
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("privileged test skipped in -short mode")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: run the privileged tests with sudo (make test)")
 	}

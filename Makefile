@@ -1,0 +1,46 @@
+# dnsrace: `make help` lists the targets.
+
+GO ?= go
+GOFLAGS_TEST ?= -count=1
+# Privileged tests run as root (CI is root); they skip with a message otherwise.
+TEST_TIMEOUT ?= 20m
+
+.DEFAULT_GOAL := help
+
+include mk/bpf.mk
+include mk/vmtest.mk
+
+.PHONY: help build deps demo test test-unit test-host bench-smoke lint vagrant-check clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
+
+build: ## Build ./dnsrace (static, no clang needed: BPF objects are committed)
+	CGO_ENABLED=0 $(GO) build -o dnsrace ./cmd/dnsrace
+
+deps: ## Install build and test dependencies from Debian (root)
+	scripts/install-deps
+
+demo: build ## Run the tracer through the lab's race scenarios (root)
+	./dnsrace demo
+
+lint: ## gofmt and go vet
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...
+
+test-unit: ## Tests that need no root
+	$(GO) test $(GOFLAGS_TEST) -short ./...
+
+test-host: ## The whole suite on this kernel (root: namespaces, netfilter, BPF)
+	$(GO) test $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) -p 1 ./...
+
+bench-smoke: build ## Short benchmark run: checks the harness works and loses no events
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./internal/...
+
+vagrant-check: ## Syntax-check the Vagrantfile
+	ruby -c Vagrantfile
+
+test: deps lint generate-check vagrant-check test-host vmtest-selftest vmtest bench-smoke ## Everything CI runs (root)
+
+clean: ## Remove build outputs
+	rm -f dnsrace
