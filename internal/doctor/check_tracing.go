@@ -1,0 +1,208 @@
+package doctor
+
+import (
+	"bufio"
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+)
+
+// kernelConfig returns the value of a CONFIG_ option ("y", "m", "n" for
+// "is not set", "" when unknown) and where it was read.
+func (e *env) kernelConfig(opt string, release string) (string, string) {
+	try := func(p string, gz bool) (string, bool) {
+		real, _, err := resolveIn(e.Root, p)
+		if err != nil {
+			return "", false
+		}
+		fh, err := os.Open(real)
+		if err != nil {
+			return "", false
+		}
+		defer fh.Close()
+		var rd io.Reader = fh
+		if gz {
+			z, err := gzip.NewReader(fh)
+			if err != nil {
+				return "", false
+			}
+			defer z.Close()
+			rd = z
+		}
+		sc := bufio.NewScanner(rd)
+		for sc.Scan() {
+			l := sc.Text()
+			if strings.HasPrefix(l, opt+"=") {
+				return strings.TrimPrefix(l, opt+"="), true
+			}
+			if l == "# "+opt+" is not set" {
+				return "n", true
+			}
+		}
+		return "n", sc.Err() == nil
+	}
+	if v, ok := try("/proc/config.gz", true); ok {
+		return v, "/proc/config.gz"
+	}
+	if release != "" {
+		p := "/boot/config-" + release
+		if v, ok := try(p, false); ok {
+			return v, p
+		}
+	}
+	return "", ""
+}
+
+// fentryTrial loads a two-instruction fentry program on
+// __nf_conntrack_confirm: the only sure way to know whether this kernel
+// (and its LSMs) lets dnsrace trace use the fentry tier.
+func fentryTrial(attachType ebpf.AttachType, target string) error {
+	spec := &ebpf.ProgramSpec{
+		Name:         "dnsrace_probe",
+		Type:         ebpf.Tracing,
+		AttachType:   attachType,
+		AttachTo:     target,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	}
+	prog, err := ebpf.NewProgram(spec)
+	if err != nil {
+		return err
+	}
+	return prog.Close()
+}
+
+// checkTracing: which attach tier would `dnsrace trace` get here, and why?
+// fentry/fexit (needs BTF and a kernel that loads tracing programs), else
+// kprobes (CONFIG_KPROBES, not locked down to confidentiality), else the
+// tracepoint tier (skb:kfree_skb, counters).
+func checkTracing(_ context.Context, e *env) Result {
+	var r Result
+	release := ""
+	if b, _, err := e.read("/proc/sys/kernel/osrelease"); err == nil {
+		release = strings.TrimSpace(string(b))
+	}
+	// BTF.
+	btfOK := false
+	if real, _, err := resolveIn(e.Root, "/sys/kernel/btf/vmlinux"); err == nil {
+		if fi, err := os.Stat(real); err == nil && fi.Mode().IsRegular() {
+			btfOK = true
+			r.Evidence = append(r.Evidence, fmt.Sprintf("/sys/kernel/btf/vmlinux: present (%d KiB)", fi.Size()/1024))
+		}
+	}
+	if !btfOK {
+		r.Evidence = append(r.Evidence, "/sys/kernel/btf/vmlinux: absent (no CO-RE without an external BTF; no fentry)")
+	}
+	// Lockdown.
+	lockdown := ""
+	if b, _, err := e.read("/sys/kernel/security/lockdown"); err == nil {
+		s := string(b)
+		if i, j := strings.IndexByte(s, '['), strings.IndexByte(s, ']'); i >= 0 && j > i {
+			lockdown = s[i+1 : j]
+		}
+		r.Evidence = append(r.Evidence, "/sys/kernel/security/lockdown: "+strings.TrimSpace(s))
+	} else if b, _, err := e.read("/proc/cmdline"); err == nil && strings.Contains(string(b), "lockdown=") {
+		for _, w := range strings.Fields(string(b)) {
+			if v, ok := strings.CutPrefix(w, "lockdown="); ok {
+				lockdown = v
+				r.Evidence = append(r.Evidence, "/proc/cmdline: lockdown="+v+" (securityfs not mounted)")
+			}
+		}
+	} else {
+		r.Evidence = append(r.Evidence, "lockdown: unknown (securityfs not mounted at /sys/kernel/security)")
+	}
+	// kprobes.
+	kprobes := "unknown"
+	cfg, cfgFrom := e.kernelConfig("CONFIG_KPROBES", release)
+	switch cfg {
+	case "y":
+		kprobes = "yes"
+		r.Evidence = append(r.Evidence, cfgFrom+": CONFIG_KPROBES=y")
+	case "n":
+		kprobes = "no"
+		r.Evidence = append(r.Evidence, cfgFrom+": CONFIG_KPROBES is not set")
+	}
+	for _, tr := range []string{"/sys/kernel/tracing", "/sys/kernel/debug/tracing"} {
+		if !e.exists(tr+"/available_events") && !e.exists(tr+"/trace") {
+			continue
+		}
+		if e.exists(tr + "/kprobe_events") {
+			if kprobes == "unknown" {
+				kprobes = "yes"
+			}
+			r.Evidence = append(r.Evidence, tr+"/kprobe_events: present")
+		} else {
+			kprobes = "no"
+			r.Evidence = append(r.Evidence, tr+" mounted but has no kprobe_events")
+		}
+		break
+	}
+	if lockdown == "confidentiality" {
+		kprobes = "no"
+		r.Evidence = append(r.Evidence, "lockdown=confidentiality refuses kprobes and bpf_probe_read_kernel")
+	}
+
+	// fentry, tp_btf: live trial loads only.
+	fentry, tpbtf := "unknown", "unknown"
+	if e.Live {
+		// The feature probe itself loads an fentry program; report it, but
+		// try both real shapes anyway: tp_btf can load where fentry cannot.
+		if err := features.HaveProgramType(ebpf.Tracing); err != nil {
+			r.Evidence = append(r.Evidence, "features.HaveProgramType(Tracing): "+err.Error())
+		} else {
+			r.Evidence = append(r.Evidence, "features.HaveProgramType(Tracing): supported")
+		}
+		if err := fentryTrial(ebpf.AttachTraceFEntry, "__nf_conntrack_confirm"); err != nil {
+			fentry = "no"
+			r.Evidence = append(r.Evidence, "trial load fentry/__nf_conntrack_confirm: "+shortErr(err))
+		} else {
+			fentry = "yes"
+			r.Evidence = append(r.Evidence, "trial load fentry/__nf_conntrack_confirm: ok")
+		}
+		if err := fentryTrial(ebpf.AttachTraceRawTp, "kfree_skb"); err != nil {
+			tpbtf = "no"
+			r.Evidence = append(r.Evidence, "trial load tp_btf/kfree_skb: "+shortErr(err))
+		} else {
+			tpbtf = "yes"
+			r.Evidence = append(r.Evidence, "trial load tp_btf/kfree_skb: ok")
+		}
+	} else {
+		r.Evidence = append(r.Evidence, "fentry and tp_btf trial loads skipped: not live (--root without --live)")
+	}
+
+	switch {
+	case fentry == "yes":
+		r.Verdict, r.Summary = OK, "dnsrace trace gets the fentry/fexit tier (per-packet clash outcome on __nf_conntrack_confirm)"
+	case kprobes == "yes" && fentry == "no":
+		r.Verdict, r.Summary = OK, "dnsrace trace gets the kprobe tier (fentry refused; kretprobe on __nf_conntrack_confirm)"
+	case fentry == "unknown" && (btfOK || kprobes == "yes"):
+		// Not live: say what the files allow and stop short of ok.
+		return Result{Verdict: Skip, Evidence: r.Evidence,
+			Reason: fmt.Sprintf("tier needs a live trial load (BTF %v, kprobes %s): rerun with --live on the node", btfOK, kprobes)}
+	case btfOK || tpbtf == "yes":
+		r.Verdict = Warn
+		r.Summary = fmt.Sprintf("dnsrace trace falls back to the tracepoint tier (fentry %s, kprobes %s): drops seen at skb:kfree_skb, race class from per-CPU counters", fentry, kprobes)
+		r.Fix = "for per-packet clash attribution run on a kernel that allows fentry (BTF + BPF LSM/lockdown permitting) or has CONFIG_KPROBES=y; the tracepoint tier still counts every loss"
+	default:
+		r.Verdict = Fail
+		r.Summary = "dnsrace trace cannot attach here: no BTF, no kprobes"
+		r.Fix = "use a kernel with CONFIG_DEBUG_INFO_BTF=y (/sys/kernel/btf/vmlinux) or CONFIG_KPROBES=y"
+	}
+	return r
+}
+
+func shortErr(err error) string {
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		return fmt.Sprintf("%-3v", ve)
+	}
+	return err.Error()
+}
