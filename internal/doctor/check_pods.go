@@ -156,8 +156,15 @@ func checkPods(_ context.Context, e *env) Result {
 			notes = append(notes, "no nameserver: every lookup fails")
 		case c.Libc == "musl" && (sr || vc):
 			r.Verdict = worst(r.Verdict, Warn)
-			issues = append(issues, fmt.Sprintf("%d musl container(s) rely on %s, which musl ignores", len(g.members), rc.OptionsString()))
-			notes = append(notes, "musl ignores single-request*/use-vc: A and AAAA still race on one socket, resends every timeout/attempts s")
+			var ignored []string
+			for _, o := range []string{"single-request", "single-request-reopen", "use-vc", "usevc", "tcp"} {
+				if rc.Has(o) {
+					ignored = append(ignored, o)
+				}
+			}
+			issues = append(issues, fmt.Sprintf("%d musl container(s) rely on %s, which musl ignores", len(g.members), strings.Join(ignored, " ")))
+			notes = append(notes, fmt.Sprintf("musl ignores %s: A and AAAA still race on one socket, a lost one is resent after %.1fs",
+				strings.Join(ignored, " "), float64(rc.Timeout())/float64(max(rc.Attempts(), 1))))
 			exposed += len(g.members)
 		case nodeLocal:
 			notes = append(notes, "NodeLocal DNSCache: no DNAT, no conntrack race")
@@ -171,7 +178,8 @@ func checkPods(_ context.Context, e *env) Result {
 			notes = append(notes, "glibc: A+AAAA in one sendmmsg on one socket (same 5-tuple): exposed to the conntrack race")
 			exposed += len(g.members)
 		case c.Libc == "musl":
-			notes = append(notes, "musl: A+AAAA on one socket to every server: exposed; a lost query is resent after timeout/attempts")
+			notes = append(notes, fmt.Sprintf("musl: A+AAAA on one socket to every server: exposed; a lost query is resent after %.1fs",
+				float64(rc.Timeout())/float64(max(rc.Attempts(), 1))))
 			exposed += len(g.members)
 		default:
 			notes = append(notes, "no libc loader: likely a static Go binary (new socket per query, no same-tuple race)")

@@ -152,7 +152,11 @@ func checkTracing(_ context.Context, e *env) Result {
 
 	// fentry, tp_btf: live trial loads only.
 	fentry, tpbtf := "unknown", "unknown"
-	if e.Live {
+	switch {
+	case !btfOK:
+		fentry, tpbtf = "no", "no"
+		r.Evidence = append(r.Evidence, "fentry and tp_btf need vmlinux BTF")
+	case e.Live:
 		// The feature probe itself loads an fentry program; report it, but
 		// try both real shapes anyway: tp_btf can load where fentry cannot.
 		if err := features.HaveProgramType(ebpf.Tracing); err != nil {
@@ -174,7 +178,7 @@ func checkTracing(_ context.Context, e *env) Result {
 			tpbtf = "yes"
 			r.Evidence = append(r.Evidence, "trial load tp_btf/kfree_skb: ok")
 		}
-	} else {
+	default:
 		r.Evidence = append(r.Evidence, "fentry and tp_btf trial loads skipped: not live (--root without --live)")
 	}
 
@@ -182,7 +186,11 @@ func checkTracing(_ context.Context, e *env) Result {
 	case fentry == "yes":
 		r.Verdict, r.Summary = OK, "dnsrace trace gets the fentry/fexit tier (per-packet clash outcome on __nf_conntrack_confirm)"
 	case kprobes == "yes" && fentry == "no":
-		r.Verdict, r.Summary = OK, "dnsrace trace gets the kprobe tier (fentry refused; kretprobe on __nf_conntrack_confirm)"
+		why := "fentry refused"
+		if !btfOK {
+			why = "no BTF for fentry"
+		}
+		r.Verdict, r.Summary = OK, "dnsrace trace gets the kprobe tier ("+why+"; kretprobe on __nf_conntrack_confirm)"
 	case fentry == "unknown" && (btfOK || kprobes == "yes"):
 		// Not live: say what the files allow and stop short of ok.
 		return Result{Verdict: Skip, Evidence: r.Evidence,
