@@ -32,7 +32,7 @@ func readCTLive(netnsPath string) (ctSnap, error) {
 }
 
 // readCTFiles reads the host namespace's counters from procfs under root.
-func (e *env) readCTFiles() (ctSnap, error) {
+func (e *env) readCTFiles(probs *problems) (ctSnap, error) {
 	const statPath = "/proc/net/stat/nf_conntrack"
 	data, _, err := e.read(statPath)
 	if err != nil {
@@ -43,11 +43,14 @@ func (e *env) readCTFiles() (ctSnap, error) {
 		return ctSnap{}, fmt.Errorf("parsing %s: %w", statPath, err)
 	}
 	s := ctSnap{Snapshot: snap, Source: statPath}
+	// The stat file's entries column is the count; the sysctl agrees.
 	if v, err := e.readUint("/proc/sys/net/netfilter/nf_conntrack_count"); err == nil {
 		s.Entries = uint32(v)
 	}
 	if v, err := e.readUint("/proc/sys/net/netfilter/nf_conntrack_max"); err == nil {
 		s.Max, s.HaveMax = uint32(v), true
+	} else {
+		probs.addf("table fill unknown: %v", err)
 	}
 	return s, nil
 }
@@ -185,14 +188,14 @@ func checkConntrack(_ context.Context, e *env) Result {
 			s, err = readCTLive(t.path)
 			if err != nil && t.path == "" {
 				// Without ctnetlink (no CAP_NET_ADMIN), procfs still works.
-				fs, ferr := e.readCTFiles()
+				fs, ferr := e.readCTFiles(&probs)
 				if ferr == nil {
 					r.Evidence = append(r.Evidence, fmt.Sprintf("host: ctnetlink failed (%v), read procfs instead", err))
 					s, err = fs, nil
 				}
 			}
 		case t.path == "":
-			s, err = e.readCTFiles()
+			s, err = e.readCTFiles(&probs)
 		default:
 			err = fmt.Errorf("reading %s needs --live (netlink)", t.path)
 		}

@@ -199,6 +199,9 @@ func checkTracing(_ context.Context, e *env) Result {
 		r.Verdict = Warn
 		r.Summary = fmt.Sprintf("dnsrace trace falls back to the tracepoint tier (fentry %s, kprobes %s): drops seen at skb:kfree_skb, race class from per-CPU counters", fentry, kprobes)
 		r.Fix = "for per-packet clash attribution run on a kernel that allows fentry (BTF + BPF LSM/lockdown permitting) or has CONFIG_KPROBES=y; the tracepoint tier still counts every loss"
+	case kprobes == "unknown":
+		return Result{Verdict: Skip, Evidence: r.Evidence,
+			Reason: "no vmlinux BTF, and neither the kernel config nor tracefs tells whether kprobes exist"}
 	default:
 		r.Verdict = Fail
 		r.Summary = "dnsrace trace cannot attach here: no BTF, no kprobes"
