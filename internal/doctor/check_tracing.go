@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
 )
 
 // kernelConfig returns the value of a CONFIG_ option ("y", "m", "n" for
@@ -157,6 +159,9 @@ func checkTracing(_ context.Context, e *env) Result {
 		fentry, tpbtf = "no", "no"
 		r.Evidence = append(r.Evidence, "fentry and tp_btf need vmlinux BTF")
 	case e.Live:
+		// Rule out the memlock rlimit (pre-5.11 accounting) as the cause
+		// of an EPERM, so what is reported is the kernel's refusal.
+		_ = rlimit.RemoveMemlock()
 		// The feature probe itself loads an fentry program; report it, but
 		// try both real shapes anyway: tp_btf can load where fentry cannot.
 		if err := features.HaveProgramType(ebpf.Tracing); err != nil {
@@ -211,6 +216,9 @@ func checkTracing(_ context.Context, e *env) Result {
 }
 
 func shortErr(err error) string {
+	if errors.Is(err, unix.EPERM) {
+		return "refused with EPERM (operation not permitted: the kernel or an LSM forbids this program type here)"
+	}
 	var ve *ebpf.VerifierError
 	if errors.As(err, &ve) {
 		return fmt.Sprintf("%-3v", ve)
