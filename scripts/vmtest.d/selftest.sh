@@ -80,12 +80,17 @@ grep -q '"status": "skip"' "$tmp/all-pass.json" || fail "all-pass: JSON lacks th
 grep -q '"uname": "6.12.117+deb12-cloud-amd64"' "$tmp/all-pass.json" || fail "all-pass: JSON lacks the 6.12 uname"
 
 # One failing cell makes the whole run fail.
-sed 's/tier=kprobe suite=lab status=pass rc=0/tier=kprobe suite=lab status=fail rc=1/' "$tmp/6.1.log" >"$tmp/fail.log"
+sed -e 's/tier=kprobe suite=lab status=pass rc=0/tier=kprobe suite=lab status=fail rc=1/' \
+	-e '/tier=kprobe suite=lab status=fail/i VMTEST-FAILED kernel=6.1 tier=kprobe suite=lab test=TestScenarios/snat-port' \
+	"$tmp/6.1.log" >"$tmp/fail.log"
 expect one-fail 1 \
 	'^6\.1 +6\.1\.0-57-cloud-amd64 +lab +skip +fail +pass' \
+	'^failed tests' \
+	'^  6\.1 kprobe lab: TestScenarios/snat-port$' \
 	'^cells: 9 pass, 2 skip, 1 fail' \
 	-- "$tmp/fail.log" "$tmp/6.12.log"
-grep -q '"tier": "kprobe", "suite": "lab", "status": "fail"' "$tmp/one-fail.json" || fail "one-fail: JSON lacks the failed cell"
+grep -q '"tier": "kprobe", "suite": "lab", "status": "fail", .*"failed_tests": \["TestScenarios/snat-port"\]' "$tmp/one-fail.json" ||
+	fail "one-fail: JSON lacks the failed cell and its test"
 
 # A guest killed by the host timeout: the cells it never reported are failures marked timeout.
 head -n 7 "$tmp/6.1.log" >"$tmp/timeout.log"
