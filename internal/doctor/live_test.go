@@ -47,43 +47,87 @@ func sh(t *testing.T, stdin string, argv ...string) {
 	}
 }
 
-// A kube-proxy nftables-mode service for the DNS VIP with two endpoints,
-// chosen per packet by numgen random, and masquerade without fully-random.
+// The node namespace's rules: a kube-proxy nftables-mode service for the
+// DNS VIP with two endpoints (both local to the node) chosen per packet by
+// numgen random, and a masquerade towards the "outside" without
+// fully-random, squeezed into one source port so that two flows leaving at
+// once get the same reply tuple.
 const labRuleset = `table ip kube-proxy {
-	chain nat-output {
-		type nat hook output priority -100; policy accept;
+	chain nat-prerouting {
+		type nat hook prerouting priority -100; policy accept;
 		ip daddr 10.96.0.10 udp dport 53 jump service-TESTDNS0-kube-system/kube-dns/udp/dns
 	}
 	chain service-TESTDNS0-kube-system/kube-dns/udp/dns {
 		numgen random mod 2 vmap { 0 : goto endpoint-a, 1 : goto endpoint-b }
 	}
 	chain endpoint-a {
-		meta l4proto udp dnat to 127.0.0.1:5301
+		meta l4proto udp dnat to 10.250.0.1:5301
 	}
 	chain endpoint-b {
-		meta l4proto udp dnat to 127.0.0.1:5302
+		meta l4proto udp dnat to 10.250.0.1:5302
 	}
 	chain nat-postrouting {
 		type nat hook postrouting priority 100; policy accept;
-		oifname != "lo" masquerade
+		oifname "n1" meta l4proto udp masquerade to :10000-10000
 	}
 }
 `
+
+// labTopology builds a pod namespace behind a node namespace (the
+// Kubernetes shape: DNAT and confirm happen on the node's forwarding
+// path, on whichever CPU handles each packet) and returns the node's path
+// and the pod's path.
+func labTopology(t *testing.T) (string, string) {
+	node, nodePath := newTestNetNS(t, "node")
+	pod, podPath := newTestNetNS(t, "pod")
+	sh(t, "", "ip", "-n", node, "link", "set", "lo", "up")
+	sh(t, "", "ip", "-n", pod, "link", "set", "lo", "up")
+	sh(t, "", "ip", "-n", node, "link", "add", "n0", "type", "veth", "peer", "name", "p0", "netns", pod)
+	sh(t, "", "ip", "-n", node, "addr", "add", "10.250.0.1/24", "dev", "n0")
+	sh(t, "", "ip", "-n", node, "link", "set", "n0", "up")
+	sh(t, "", "ip", "-n", pod, "addr", "add", "10.250.0.2/24", "dev", "p0")
+	sh(t, "", "ip", "-n", pod, "link", "set", "p0", "up")
+	sh(t, "", "ip", "-n", pod, "route", "add", "default", "via", "10.250.0.1")
+	// The "outside": a veth whose peer stays in the node, and a static
+	// neighbour, so forwarded packets leave without ARP.
+	sh(t, "", "ip", "-n", node, "link", "add", "n1", "type", "veth", "peer", "name", "n1p")
+	sh(t, "", "ip", "-n", node, "addr", "add", "10.250.1.1/24", "dev", "n1")
+	sh(t, "", "ip", "-n", node, "link", "set", "n1", "up")
+	sh(t, "", "ip", "-n", node, "link", "set", "n1p", "up")
+	sh(t, "", "ip", "-n", node, "neigh", "add", "10.250.1.2", "lladdr", "02:00:00:00:01:02", "dev", "n1")
+	sh(t, "", "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	sh(t, labRuleset, "ip", "netns", "exec", node, "nft", "-f", "-")
+	return nodePath, podPath
+}
 
 // raceTraffic sends pairs of datagrams to the VIP from one connected
 // socket per pair, the two writes issued at the same instant from threads
 // pinned to different CPUs (the glibc A/AAAA shape). The sockets are made
 // inside the namespace; the writes may come from any thread.
-func raceTraffic(t *testing.T, nsPath string, pairs int) {
+//
+// With sameSocket the pair shares one socket to the DNS VIP (same 5-tuple);
+// otherwise the pair is two sockets to 10.250.1.2:(20000+i), two flows that
+// the node's one-port masquerade maps to the same reply tuple.
+func raceTraffic(t *testing.T, nsPath string, pairs int, sameSocket bool) {
 	t.Helper()
-	var conns []*net.UDPConn
+	var conns [2][]*net.UDPConn
 	err := inNetNS(nsPath, func() error {
 		for i := 0; i < pairs; i++ {
-			c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(10, 96, 0, 10), Port: 53})
-			if err != nil {
-				return err
+			dst := &net.UDPAddr{IP: net.IPv4(10, 96, 0, 10), Port: 53}
+			if !sameSocket {
+				dst = &net.UDPAddr{IP: net.IPv4(10, 250, 1, 2), Port: 20000 + i}
 			}
-			conns = append(conns, c)
+			for w := 0; w < 2; w++ {
+				if sameSocket && w == 1 {
+					conns[1] = append(conns[1], conns[0][i])
+					continue
+				}
+				c, err := net.DialUDP("udp4", nil, dst)
+				if err != nil {
+					return err
+				}
+				conns[w] = append(conns[w], c)
+			}
 		}
 		return nil
 	})
@@ -91,10 +135,24 @@ func raceTraffic(t *testing.T, nsPath string, pairs int) {
 		t.Fatalf("making sockets in the netns: %v", err)
 	}
 	defer func() {
-		for _, c := range conns {
-			c.Close()
+		for _, cs := range conns {
+			for _, c := range cs {
+				c.Close()
+			}
 		}
 	}()
+	// Raw fds: Go's UDPConn.Write holds a per-fd write lock, which would
+	// serialize the pair that shares one socket.
+	var fds [2][]int
+	for w := range conns {
+		for _, c := range conns[w] {
+			rc, err := c.SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc.Control(func(fd uintptr) { fds[w] = append(fds[w], int(fd)) })
+		}
+	}
 	ncpu := runtime.NumCPU()
 	// A two-party barrier per pair: each worker announces pair i, waits
 	// for the other, then writes. No third goroutine needs a CPU.
@@ -110,7 +168,7 @@ func raceTraffic(t *testing.T, nsPath string, pairs int) {
 			set.Set(w % ncpu)
 			_ = unix.SchedSetaffinity(0, &set)
 			msg := []byte{byte(w), 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0}
-			for i := range conns {
+			for i := range conns[w] {
 				arrived[w].Store(int64(i + 1))
 				for spins := 0; arrived[1-w].Load() < int64(i+1); spins++ {
 					if spins > 1<<20 {
@@ -118,7 +176,7 @@ func raceTraffic(t *testing.T, nsPath string, pairs int) {
 						spins = 0
 					}
 				}
-				conns[i].Write(msg)
+				_, _ = unix.Write(fds[w][i], msg)
 			}
 		}(w)
 	}
@@ -129,31 +187,27 @@ func raceTraffic(t *testing.T, nsPath string, pairs int) {
 // given with --netns: they must see the random DNS DNAT, the plain
 // masquerade and the counters the traffic raised.
 func TestLiveNetNS(t *testing.T) {
-	name, path := newTestNetNS(t, "doctor")
-	sh(t, "", "ip", "-n", name, "link", "set", "lo", "up")
-	// A veth pair kept inside the namespace gives the VIP a route (no
-	// dummy driver on every kernel).
-	sh(t, "", "ip", "-n", name, "link", "add", "d0", "type", "veth", "peer", "name", "d1")
-	sh(t, "", "ip", "-n", name, "addr", "add", "10.250.0.1/24", "dev", "d0")
-	sh(t, "", "ip", "-n", name, "link", "set", "d0", "up")
-	sh(t, "", "ip", "-n", name, "link", "set", "d1", "up")
-	sh(t, "", "ip", "-n", name, "route", "add", "default", "dev", "d0")
-	sh(t, labRuleset, "ip", "netns", "exec", name, "nft", "-f", "-")
+	path, podPath := labTopology(t)
 
 	before, err := ctstats.Read(path)
 	if err != nil {
 		t.Fatalf("reading counters: %v", err)
 	}
-	raceTraffic(t, path, 2000)
+	raceTraffic(t, podPath, 2000, true)
+	mid, err := ctstats.Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raceTraffic(t, podPath, 2000, false)
 	after, err := ctstats.Read(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := after.Total.Sub(before.Total)
-	t.Logf("netns counters after 2000 pairs: entries=%d clash_resolve+%d insert_failed+%d drop+%d",
-		after.Entries, d.ClashResolve, d.InsertFailed, d.Drop)
+	d1, d2 := mid.Total.Sub(before.Total), after.Total.Sub(mid.Total)
+	t.Logf("node counters: same-socket pairs: clash_resolve+%d insert_failed+%d; two-flow pairs: clash_resolve+%d insert_failed+%d drop+%d; entries=%d",
+		d1.ClashResolve, d1.InsertFailed, d2.ClashResolve, d2.InsertFailed, d2.Drop, after.Entries)
 	if after.Entries == 0 {
-		t.Fatal("traffic made no conntrack entries")
+		t.Fatal("traffic made no conntrack entries in the node namespace")
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -169,16 +223,29 @@ func TestLiveNetNS(t *testing.T) {
 	if ct.Verdict == Skip {
 		t.Fatalf("conntrack skipped: %s", ct.Reason)
 	}
-	wantLine := fmt.Sprintf("%s (ctnetlink): %d/", path, after.Entries)
 	evs := strings.Join(ct.Evidence, "\n")
-	if !strings.Contains(evs, path+" (ctnetlink): ") {
-		t.Errorf("conntrack evidence lacks the netns (want like %q):\n%s", wantLine, evs)
+	// Same-socket pairs race in the node's conntrack; the kernel's
+	// clash_resolve counter (5.10+) must show it, and so must doctor.
+	if d1.ClashResolve == 0 {
+		t.Errorf("2000 same-socket pairs raised no clash_resolve in the node namespace")
 	}
-	if after.Total.ClashResolve > 0 && !strings.Contains(evs, fmt.Sprintf("clash_resolve=%d", after.Total.ClashResolve)) {
-		t.Errorf("conntrack evidence lacks clash_resolve=%d:\n%s", after.Total.ClashResolve, evs)
+	// Two flows squeezed into one masquerade port always collide on the
+	// reply tuple (a race when both are unconfirmed, port exhaustion when
+	// the first is already confirmed): insert_failed and drop, every kernel.
+	if d2.InsertFailed == 0 || d2.Drop == 0 {
+		t.Errorf("two-flow pairs: insert_failed+%d drop+%d, want both > 0", d2.InsertFailed, d2.Drop)
 	}
-	if after.Total.InsertFailed > 0 && ct.Verdict != Warn {
-		t.Errorf("insert_failed=%d but verdict %s", after.Total.InsertFailed, ct.Verdict)
+	for _, want := range []string{
+		fmt.Sprintf("%s (ctnetlink): ", path),
+		fmt.Sprintf("insert_failed=%d drop=%d", after.Total.InsertFailed, after.Total.Drop),
+		fmt.Sprintf("clash_resolve=%d", after.Total.ClashResolve),
+	} {
+		if !strings.Contains(evs, want) {
+			t.Errorf("conntrack evidence lacks %q:\n%s", want, evs)
+		}
+	}
+	if ct.Verdict != Warn || !strings.Contains(ct.Summary, path+" insert_failed=") {
+		t.Errorf("conntrack: %s %q, want warn naming the namespace", ct.Verdict, ct.Summary)
 	}
 
 	if kp.Verdict != Warn {
