@@ -259,14 +259,18 @@ static __always_inline void fill_skb(struct event *e, struct sk_buff *skb, const
 	e->skb = (__u64)skb;
 	e->netns = netns;
 	e->ifindex = BPF_CORE_READ(skb, dev, ifindex);
+	if (!e->ifindex) /* dev cleared after receive: the arrival device */
+		e->ifindex = BPF_CORE_READ(skb, skb_iif);
 	e->pkt = p->t;
 	read_ct(&e->ct, skb_ct(skb));
 	copy_payload_kernel(e, p);
 }
 
-/* emit_skb is the whole body of the simple skb hooks. */
-static __always_inline int emit_skb(struct sk_buff *skb, __u8 kind, __u64 location,
-				    __u32 reason, struct sock *rx_sk)
+/* emit_skb is the whole body of the simple skb hooks. Returns 1 when the
+ * skb was a DNS packet of the filtered netns (even if the ring buffer was
+ * full), else 0. */
+static __always_inline int emit_skb_tier(struct sk_buff *skb, __u8 kind, __u64 location,
+					 __u32 reason, struct sock *rx_sk, __u8 tier)
 {
 	struct pkt p = {};
 	if (!parse_skb(skb, &p))
@@ -280,15 +284,32 @@ static __always_inline int emit_skb(struct sk_buff *skb, __u8 kind, __u64 locati
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count_lost();
-		return 0;
+		return 1;
 	}
-	fill_common(e, kind, TIER_TRACEPOINT);
+	fill_common(e, kind, tier);
 	fill_skb(e, skb, &p, netns);
 	e->location = location;
 	e->reason = reason;
 	bpf_ringbuf_submit(e, 0);
+	return 1;
+}
+
+static __always_inline int emit_skb(struct sk_buff *skb, __u8 kind, __u64 location,
+				    __u32 reason, struct sock *rx_sk)
+{
+	emit_skb_tier(skb, kind, location, reason, rx_sk, TIER_TRACEPOINT);
 	return 0;
 }
+
+/* The skb skb_copy_datagram_iovec last reported, per CPU: recvmsg copies
+ * and then consumes a datagram on the same CPU, so the deliver hooks below
+ * skip it instead of reporting the same delivery twice. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} last_copied SEC(".maps");
 
 /* ---- tracepoint tier (tp_btf) ---------------------------------------- */
 
@@ -304,10 +325,51 @@ int BPF_PROG(tp_netif_receive_skb, struct sk_buff *skb)
 	return emit_skb(skb, KIND_RECV, 0, 0, NULL);
 }
 
+/* UDP copies a linear skb with copy_linear_skb(), which does not pass
+ * this tracepoint: it only sees non-linear datagrams (typically those that
+ * came from a NIC with page-based receive buffers). The skb_consume_udp hook
+ * below (fentry/kprobe tiers) covers the rest. There is no tracepoint for
+ * those: consume_skb is not reliable on this path (6.18 frees the datagram
+ * through skb_attempt_defer_free and the NAPI cache without it). */
 SEC("tp_btf/skb_copy_datagram_iovec")
 int BPF_PROG(tp_skb_copy_datagram_iovec, struct sk_buff *skb, int len)
 {
-	return emit_skb(skb, KIND_DELIVER, 0, 0, NULL);
+	if (emit_skb_tier(skb, KIND_DELIVER, 0, 0, NULL, TIER_TRACEPOINT)) {
+		__u32 zero = 0;
+		__u64 *last = bpf_map_lookup_elem(&last_copied, &zero);
+		if (last)
+			*last = (__u64)skb;
+	}
+	return 0;
+}
+
+/* deliver reports a DNS datagram consumed by udp(v6)_recvmsg, unless
+ * skb_copy_datagram_iovec just reported it on this CPU. */
+static __always_inline int deliver(struct sk_buff *skb, struct sock *sk, __u8 tier)
+{
+	__u32 zero = 0;
+	__u64 *last = bpf_map_lookup_elem(&last_copied, &zero);
+	if (last && *last == (__u64)skb) {
+		*last = 0;
+		return 0;
+	}
+	/* UDP clears skb->dev and never sets skb->sk: the netns is sk's */
+	emit_skb_tier(skb, KIND_DELIVER, 0, 0, sk, tier);
+	return 0;
+}
+
+/* skb_consume_udp(sk, skb, len): called by udp(v6)_recvmsg after copying a
+ * datagram (exported, so never inlined away). */
+SEC("fentry/skb_consume_udp")
+int BPF_PROG(fe_skb_consume_udp, struct sock *sk, struct sk_buff *skb, int len)
+{
+	return deliver(skb, sk, TIER_FENTRY);
+}
+
+SEC("kprobe/skb_consume_udp")
+int BPF_KPROBE(kp_skb_consume_udp, struct sock *sk, struct sk_buff *skb)
+{
+	return deliver(skb, sk, TIER_KPROBE);
 }
 
 /* skb:kfree_skb changed its arguments twice; tp_btf arguments are

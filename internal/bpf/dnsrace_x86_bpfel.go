@@ -148,15 +148,18 @@ const (
 	DnsraceMapConfirmStack            = "confirm_stack"
 	DnsraceMapCtCachep                = "ct_cachep"
 	DnsraceMapEvents                  = "events"
+	DnsraceMapLastCopied              = "last_copied"
 	DnsraceMapLost                    = "lost"
 	DnsraceMapScratch                 = "scratch"
 	DnsraceProgFeNfConntrackConfirm   = "fe_nf_conntrack_confirm"
 	DnsraceProgFeNfCtResolveClash     = "fe_nf_ct_resolve_clash"
+	DnsraceProgFeSkbConsumeUdp        = "fe_skb_consume_udp"
 	DnsraceProgFeUdpSendmsg           = "fe_udp_sendmsg"
 	DnsraceProgFeUdpv6Sendmsg         = "fe_udpv6_sendmsg"
 	DnsraceProgFxNfConntrackConfirm   = "fx_nf_conntrack_confirm"
 	DnsraceProgKpNfConntrackConfirm   = "kp_nf_conntrack_confirm"
 	DnsraceProgKpNfCtResolveClash     = "kp_nf_ct_resolve_clash"
+	DnsraceProgKpSkbConsumeUdp        = "kp_skb_consume_udp"
 	DnsraceProgKpUdpSendmsg           = "kp_udp_sendmsg"
 	DnsraceProgKpUdpv6Sendmsg         = "kp_udpv6_sendmsg"
 	DnsraceProgKrpNfConntrackConfirm  = "krp_nf_conntrack_confirm"
@@ -219,11 +222,13 @@ type DnsraceSpecs struct {
 type DnsraceProgramSpecs struct {
 	FeNfConntrackConfirm   *ebpf.ProgramSpec `ebpf:"fe_nf_conntrack_confirm"`
 	FeNfCtResolveClash     *ebpf.ProgramSpec `ebpf:"fe_nf_ct_resolve_clash"`
+	FeSkbConsumeUdp        *ebpf.ProgramSpec `ebpf:"fe_skb_consume_udp"`
 	FeUdpSendmsg           *ebpf.ProgramSpec `ebpf:"fe_udp_sendmsg"`
 	FeUdpv6Sendmsg         *ebpf.ProgramSpec `ebpf:"fe_udpv6_sendmsg"`
 	FxNfConntrackConfirm   *ebpf.ProgramSpec `ebpf:"fx_nf_conntrack_confirm"`
 	KpNfConntrackConfirm   *ebpf.ProgramSpec `ebpf:"kp_nf_conntrack_confirm"`
 	KpNfCtResolveClash     *ebpf.ProgramSpec `ebpf:"kp_nf_ct_resolve_clash"`
+	KpSkbConsumeUdp        *ebpf.ProgramSpec `ebpf:"kp_skb_consume_udp"`
 	KpUdpSendmsg           *ebpf.ProgramSpec `ebpf:"kp_udp_sendmsg"`
 	KpUdpv6Sendmsg         *ebpf.ProgramSpec `ebpf:"kp_udpv6_sendmsg"`
 	KrpNfConntrackConfirm  *ebpf.ProgramSpec `ebpf:"krp_nf_conntrack_confirm"`
@@ -246,6 +251,7 @@ type DnsraceMapSpecs struct {
 	ConfirmStack *ebpf.MapSpec `ebpf:"confirm_stack"`
 	CtCachep     *ebpf.MapSpec `ebpf:"ct_cachep"`
 	Events       *ebpf.MapSpec `ebpf:"events"`
+	LastCopied   *ebpf.MapSpec `ebpf:"last_copied"`
 	Lost         *ebpf.MapSpec `ebpf:"lost"`
 	Scratch      *ebpf.MapSpec `ebpf:"scratch"`
 }
@@ -284,6 +290,7 @@ type DnsraceMaps struct {
 	ConfirmStack *ebpf.Map `ebpf:"confirm_stack"`
 	CtCachep     *ebpf.Map `ebpf:"ct_cachep"`
 	Events       *ebpf.Map `ebpf:"events"`
+	LastCopied   *ebpf.Map `ebpf:"last_copied"`
 	Lost         *ebpf.Map `ebpf:"lost"`
 	Scratch      *ebpf.Map `ebpf:"scratch"`
 }
@@ -294,6 +301,7 @@ func (m *DnsraceMaps) Close() error {
 		m.ConfirmStack,
 		m.CtCachep,
 		m.Events,
+		m.LastCopied,
 		m.Lost,
 		m.Scratch,
 	)
@@ -315,11 +323,13 @@ type DnsraceVariables struct {
 type DnsracePrograms struct {
 	FeNfConntrackConfirm   *ebpf.Program `ebpf:"fe_nf_conntrack_confirm"`
 	FeNfCtResolveClash     *ebpf.Program `ebpf:"fe_nf_ct_resolve_clash"`
+	FeSkbConsumeUdp        *ebpf.Program `ebpf:"fe_skb_consume_udp"`
 	FeUdpSendmsg           *ebpf.Program `ebpf:"fe_udp_sendmsg"`
 	FeUdpv6Sendmsg         *ebpf.Program `ebpf:"fe_udpv6_sendmsg"`
 	FxNfConntrackConfirm   *ebpf.Program `ebpf:"fx_nf_conntrack_confirm"`
 	KpNfConntrackConfirm   *ebpf.Program `ebpf:"kp_nf_conntrack_confirm"`
 	KpNfCtResolveClash     *ebpf.Program `ebpf:"kp_nf_ct_resolve_clash"`
+	KpSkbConsumeUdp        *ebpf.Program `ebpf:"kp_skb_consume_udp"`
 	KpUdpSendmsg           *ebpf.Program `ebpf:"kp_udp_sendmsg"`
 	KpUdpv6Sendmsg         *ebpf.Program `ebpf:"kp_udpv6_sendmsg"`
 	KrpNfConntrackConfirm  *ebpf.Program `ebpf:"krp_nf_conntrack_confirm"`
@@ -338,11 +348,13 @@ func (p *DnsracePrograms) Close() error {
 	return _DnsraceClose(
 		p.FeNfConntrackConfirm,
 		p.FeNfCtResolveClash,
+		p.FeSkbConsumeUdp,
 		p.FeUdpSendmsg,
 		p.FeUdpv6Sendmsg,
 		p.FxNfConntrackConfirm,
 		p.KpNfConntrackConfirm,
 		p.KpNfCtResolveClash,
+		p.KpSkbConsumeUdp,
 		p.KpUdpSendmsg,
 		p.KpUdpv6Sendmsg,
 		p.KrpNfConntrackConfirm,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,7 +35,35 @@ const (
 	clientAddr = "10.199.0.1"
 	serverAddr = "10.199.0.2"
 	vipAddr    = "10.96.199.10" // DNATed to serverAddr in the server namespace
+
+	clientAddr6 = "fd00:199::1"
+	serverAddr6 = "fd00:199::2"
 )
+
+// addIPv6 adds clientAddr6/serverAddr6 (no duplicate address detection).
+func (n *twoNS) addIPv6(t *testing.T) {
+	t.Helper()
+	for _, x := range []struct {
+		ns   netns.NsHandle
+		link string
+		addr string
+	}{{n.client, "dnsrace-t-c", clientAddr6}, {n.server, "dnsrace-t-s", serverAddr6}} {
+		h, err := netlink.NewHandleAt(x.ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := h.LinkByName(x.link)
+		if err == nil {
+			a, _ := netlink.ParseAddr(x.addr + "/64")
+			a.Flags = unix.IFA_F_NODAD
+			err = h.AddrAdd(l, a)
+		}
+		h.Close()
+		if err != nil {
+			t.Fatalf("adding %s: %v", x.addr, err)
+		}
+	}
+}
 
 func newTwoNS(t *testing.T) *twoNS {
 	t.Helper()
@@ -173,9 +202,9 @@ func join(parts ...[]expr.Any) []expr.Any {
 	return all
 }
 
-// sendUDP sends payload from the client namespace to dst:port.
-func (n *twoNS) sendUDP(t *testing.T, dst string, port int, payload []byte) {
-	t.Helper()
+// inNS runs fn on a thread switched into ns. Sockets fn creates stay in
+// ns afterwards.
+func inNS(ns netns.NsHandle, fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // not unlocked on failure: the thread then exits
@@ -185,25 +214,80 @@ func (n *twoNS) sendUDP(t *testing.T, dst string, port int, payload []byte) {
 			return
 		}
 		defer orig.Close()
-		if err := netns.Set(n.client); err != nil {
+		if err := netns.Set(ns); err != nil {
 			done <- err
 			return
 		}
-		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(dst), Port: port})
-		if err == nil {
-			_, err = c.Write(payload)
-			c.Close()
-		}
-		if serr := netns.Set(orig); serr != nil {
-			done <- serr
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			done <- err
 			return
 		}
 		runtime.UnlockOSThread()
-		done <- err
+		done <- ferr
 	}()
-	if err := <-done; err != nil {
-		t.Fatalf("sending to %s:%d from the client netns: %v", dst, port, err)
+	return <-done
+}
+
+// dial returns a UDP socket of the client namespace connected to dst.
+func (n *twoNS) dial(t *testing.T, network, dst string, port int) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	err := inNS(n.client, func() (err error) {
+		c, err = net.DialUDP(network, nil, &net.UDPAddr{IP: net.ParseIP(dst), Port: port})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("dialing %s:%d from the client netns: %v", dst, port, err)
 	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// sendUDP sends payload from the client namespace to dst:port.
+func (n *twoNS) sendUDP(t *testing.T, dst string, port int, payload []byte) {
+	t.Helper()
+	network := "udp4"
+	if strings.Contains(dst, ":") {
+		network = "udp6"
+	}
+	c := n.dial(t, network, dst, port)
+	if _, err := c.Write(payload); err != nil {
+		t.Fatalf("sending to %s:%d: %v", dst, port, err)
+	}
+}
+
+// serveDNS answers every query on addr:53 in the server namespace with
+// rcode (no answer records) until the test ends.
+func (n *twoNS) serveDNS(t *testing.T, addr string, rcode int) {
+	t.Helper()
+	var pc *net.UDPConn
+	err := inNS(n.server, func() (err error) {
+		pc, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.ParseIP(addr), Port: 53})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listening on %s:53 in the server netns: %v", addr, err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			nr, from, err := pc.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			var q dns.Msg
+			if q.Unpack(buf[:nr]) != nil {
+				continue
+			}
+			r := new(dns.Msg)
+			r.SetRcode(&q, rcode)
+			if b, err := r.Pack(); err == nil {
+				pc.WriteToUDP(b, from)
+			}
+		}
+	}()
 }
 
 func dnsQuery(t *testing.T, name string, qtype uint16) []byte {

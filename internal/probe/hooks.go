@@ -63,6 +63,8 @@ type hookDef struct {
 	checkFn func(proto *btf.FuncProto) error
 	fentry  []attachPoint
 	kprobe  []attachPoint
+	// tracepoint tier of a function hook, tried last (nil: none)
+	tpFallback func(k *btf.Spec, l *loader) (string, error)
 }
 
 func fixedTP(prog string) func(*btf.Spec) (string, error) {
@@ -92,6 +94,14 @@ var hooks = []hookDef{
 		checkFn: checkResolveClash,
 		fentry:  []attachPoint{{prog: bpf.DnsraceProgFeNfCtResolveClash, kind: attachTracing}},
 		kprobe:  []attachPoint{{prog: bpf.DnsraceProgKpNfCtResolveClash, kind: attachKprobe, symbol: "nf_ct_resolve_clash"}},
+	},
+	{
+		// Deliveries of linear datagrams, which skb_copy_datagram_iovec
+		// does not see (UDP copies them with copy_linear_skb). No
+		// tracepoint tier: see tp_skb_copy_datagram_iovec.
+		name: "skb_consume_udp", fn: "skb_consume_udp",
+		fentry: []attachPoint{{prog: bpf.DnsraceProgFeSkbConsumeUdp, kind: attachTracing}},
+		kprobe: []attachPoint{{prog: bpf.DnsraceProgKpSkbConsumeUdp, kind: attachKprobe, symbol: "skb_consume_udp"}},
 	},
 	{
 		name: "udp_sendmsg", fn: "udp_sendmsg",

@@ -129,7 +129,8 @@ func newLoader(opts Options) (*loader, error) {
 		return nil, fmt.Errorf("loading the embedded BPF object: %w", err)
 	}
 	spec.Maps[bpf.DnsraceMapEvents].MaxEntries = opts.RingBufferSize
-	if err := spec.Variables[bpf.DnsraceVarCfg].Set(bpf.DnsraceConfig{Port: opts.Port, Netns: opts.NetNS}); err != nil {
+	cfg := bpf.DnsraceConfig{Port: opts.Port, Netns: opts.NetNS}
+	if err := spec.Variables[bpf.DnsraceVarCfg].Set(cfg); err != nil {
 		return nil, fmt.Errorf("setting the BPF config: %w", err)
 	}
 
@@ -287,24 +288,40 @@ func (l *loader) function(h hookDef) error {
 	var tiers []event.Tier
 	switch l.opts.Attach {
 	case event.TierTracepoint:
-		info.Err = ErrNoTracepoint
-		l.t.probes = append(l.t.probes, info)
-		return nil
+		if h.tpFallback == nil {
+			info.Err = ErrNoTracepoint
+			l.t.probes = append(l.t.probes, info)
+			return nil
+		}
+		tiers = []event.Tier{event.TierTracepoint}
 	case event.TierNone:
 		tiers = []event.Tier{event.TierFentry, event.TierKprobe}
+		if h.tpFallback != nil {
+			tiers = append(tiers, event.TierTracepoint)
+		}
 	default:
 		tiers = []event.Tier{l.opts.Attach}
 	}
 
 	var errs []error
 	for _, tier := range tiers {
-		aps := h.kprobe
-		if tier == event.TierFentry {
+		var aps []attachPoint
+		switch tier {
+		case event.TierFentry:
 			aps = h.fentry
+		case event.TierKprobe:
+			aps = h.kprobe
+		case event.TierTracepoint:
+			prog, err := h.tpFallback(l.kspec, l)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", tier, err))
+				continue
+			}
+			aps = []attachPoint{{prog: prog, kind: attachTracing}}
 		}
 		links, coll, err := l.tryTier(h, tier, aps)
 		if err != nil {
-			if l.opts.Attach != event.TierNone {
+			if l.opts.Attach != event.TierNone && l.opts.Attach != event.TierTracepoint {
 				return &TierError{Hook: h.name, Tier: tier, Err: err}
 			}
 			errs = append(errs, fmt.Errorf("%s: %w", tier, err))
@@ -333,6 +350,9 @@ func progNames(aps []attachPoint) string {
 // tryTier probes, loads and attaches one tier of h; on error nothing stays
 // loaded.
 func (l *loader) tryTier(h hookDef, tier event.Tier, aps []attachPoint) ([]link.Link, *ebpf.Collection, error) {
+	if tier == event.TierTracepoint {
+		return l.loadAttach(aps)
+	}
 	pt := ebpf.Kprobe
 	if tier == event.TierFentry {
 		pt = ebpf.Tracing
@@ -359,6 +379,12 @@ func (l *loader) tryTier(h hookDef, tier event.Tier, aps []attachPoint) ([]link.
 		}
 	}
 
+	return l.loadAttach(aps)
+}
+
+// loadAttach loads aps' programs into one collection and attaches them all,
+// or leaves nothing behind.
+func (l *loader) loadAttach(aps []attachPoint) ([]link.Link, *ebpf.Collection, error) {
 	names := make([]string, len(aps))
 	for i, ap := range aps {
 		names[i] = ap.prog

@@ -140,6 +140,70 @@ func TestTraceDrop(t *testing.T) {
 	}
 }
 
+// TestTraceAnswer: a query answered over IPv6 in the server namespace gives
+// xmit (IPv6 tuple) and, where skb_consume_udp can be hooked (fentry or
+// kprobe: DNSRACE_TEST_TIER), deliver of the answer to the client socket
+// (response, rcode). The tracepoint tier cannot see the delivery of a
+// linear datagram (see tp_skb_copy_datagram_iovec), as here on a veth.
+func TestTraceAnswer(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	n := newTwoNS(t)
+	n.addIPv6(t)
+	n.serveDNS(t, serverAddr6, dns.RcodeNameError)
+
+	tier := testTier(t)
+	tr := open(t, Options{Attach: tier})
+	c := collect(t, tr)
+	qname := uniqueName(t)
+	conn := n.dial(t, "udp6", serverAddr6, 53)
+	if _, err := conn.Write(dnsQuery(t, qname, dns.TypeA)); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 512)
+	if _, err := conn.Read(buf); err != nil {
+		t.Fatalf("no answer from the test server: %v", err)
+	}
+	ours := func(e *event.Event) bool { return hasName(e, qname) }
+
+	xmit, ok := c.wait(5*time.Second, func(e *event.Event) bool {
+		return ours(e) && e.Kind == event.KindXmit && !e.DNS.Response
+	})
+	if !ok {
+		c.dump(t)
+		t.Fatal("no xmit event for the IPv6 query")
+	}
+	if xmit.Packet.Dst.String() != "["+serverAddr6+"]:53" || xmit.Packet.Src.Addr().String() != clientAddr6 || xmit.NetNS != n.clientIno {
+		t.Errorf("xmit: %s", describe(&xmit))
+	}
+	if tier == event.TierTracepoint {
+		if p := probeByHook(tr, "skb_consume_udp"); p.Attached || !errors.Is(p.Err, ErrNoTracepoint) {
+			t.Errorf("skb_consume_udp in the tracepoint tier: %s", p)
+		}
+		return
+	}
+	del, ok := c.wait(5*time.Second, func(e *event.Event) bool {
+		return ours(e) && e.Kind == event.KindDeliver && e.DNS.Response
+	})
+	if !ok {
+		c.dump(t)
+		t.Fatal("no deliver event for the answer")
+	}
+	if del.Tier != tier || !del.DNS.Response || del.DNS.Rcode != dns.RcodeNameError || del.DNS.ID != xmit.DNS.ID ||
+		del.Packet != xmit.Packet.Reverse() || del.NetNS != n.clientIno || del.Ifindex == 0 {
+		t.Errorf("deliver: %s id %d (query id %d)", describe(&del), del.DNS.ID, xmit.DNS.ID)
+	}
+	for _, e := range c.all() {
+		if ours(&e) {
+			t.Logf("event: %s", describe(&e))
+		}
+	}
+	if lost := tr.Lost(); lost != 0 {
+		t.Errorf("Lost() = %d", lost)
+	}
+}
+
 // testTier is the tier the VM harness (scripts/vmtest) forces, default
 // tracepoint.
 func testTier(t *testing.T) event.Tier {
@@ -176,7 +240,8 @@ func TestForcedTier(t *testing.T) {
 		switch {
 		case p.Hook == "kmem_cache_free" || p.Hook == "udp_fail_queue_rcv_skb":
 			// optional: depend on the kernel's tracepoint prototype
-		case p.Hook == "nf_conntrack_confirm" || p.Hook == "udp_sendmsg" || p.Hook == "udpv6_sendmsg" || p.Hook == "nf_ct_resolve_clash":
+		case p.Hook == "nf_conntrack_confirm" || p.Hook == "udp_sendmsg" || p.Hook == "udpv6_sendmsg" ||
+			p.Hook == "nf_ct_resolve_clash" || p.Hook == "skb_consume_udp":
 			if tier == event.TierTracepoint {
 				if p.Attached || !errors.Is(p.Err, ErrNoTracepoint) {
 					t.Errorf("%s with forced tracepoint tier: %s", p.Hook, p)
