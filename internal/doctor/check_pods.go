@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"context"
+	"debug/elf"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,6 +17,35 @@ type containerResolv struct {
 	Comm string
 	Libc string // glibc, musl, none
 	RC   ResolvConf
+}
+
+// libcOfExe reads the ELF interpreter of a process's executable
+// (/proc/PID/exe): the most direct answer to "which resolver runs here".
+// ok is false when the executable cannot be read (fixtures, races).
+func libcOfExe(exe string) (libc string, ok bool) {
+	f, err := elf.Open(exe)
+	if err != nil {
+		return "", false
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_INTERP {
+			continue
+		}
+		b := make([]byte, min(p.Filesz, 256))
+		if _, err := p.ReadAt(b, 0); err != nil {
+			return "", false
+		}
+		interp := strings.TrimRight(string(b), "\x00")
+		switch {
+		case strings.Contains(interp, "ld-musl"):
+			return "musl", true
+		case strings.Contains(interp, "ld-linux"):
+			return "glibc", true
+		}
+		return "other (" + interp + ")", true
+	}
+	return "static", true // no interpreter: a static binary, e.g. Go
 }
 
 // libcOf tells which C library a container's dynamic loader belongs to.
@@ -98,7 +128,11 @@ func (e *env) listContainers(probs *problems) ([]containerResolv, int) {
 			continue
 		}
 		comm, _ := e.sysfsString(base + "/comm")
-		out = append(out, containerResolv{PID: pid, Comm: comm, Libc: libcOf(croot), RC: rc})
+		libc, ok := libcOfExe(e.hostPath(base + "/exe"))
+		if !ok {
+			libc = libcOf(croot)
+		}
+		out = append(out, containerResolv{PID: pid, Comm: comm, Libc: libc, RC: rc})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
 	return out, unreadable
@@ -182,7 +216,7 @@ func checkPods(_ context.Context, e *env) Result {
 				float64(rc.Timeout())/float64(max(rc.Attempts(), 1))))
 			exposed += len(g.members)
 		default:
-			notes = append(notes, "no libc loader: likely a static Go binary (new socket per query, no same-tuple race)")
+			notes = append(notes, "no libc loader (static binary, likely Go: new socket per query, no same-tuple race)")
 		}
 		if rc.Ndots() >= 5 && len(rc.Search) > 0 {
 			notes = append(notes, fmt.Sprintf("ndots:%d with %d search domains: an external name costs up to %d lookups, each one a chance to lose %ds",
