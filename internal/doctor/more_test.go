@@ -72,6 +72,9 @@ func TestKubeProxyNftDump(t *testing.T) {
 // pod-resolvers, live: a process in its own mount namespace with its own
 // /etc/resolv.conf bind-mounted is found through /proc/PID/root.
 func TestLivePodResolvers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("mount namespaces: not in -short")
+	}
 	testutil.RequireRoot(t)
 	if _, err := exec.LookPath("unshare"); err != nil {
 		testutil.SkipOrFail(t, "unshare (util-linux) not installed")
