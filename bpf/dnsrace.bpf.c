@@ -539,9 +539,12 @@ int BPF_KPROBE(kp_nf_conntrack_confirm, struct sk_buff *skb)
 	if (!st)
 		return 0;
 	__u32 d = st->depth;
-	st->depth = d + 1;
+	/* Calls nest at most process + softirq deep on one CPU: a full stack
+	 * means returns were missed (kretprobe maxactive exhausted, or the
+	 * kretprobe attached after an entry): start over. */
 	if (d >= CONFIRM_DEPTH)
-		return 0;
+		d = 0;
+	st->depth = d + 1;
 	struct confirm_slot *s = &st->slot[d];
 	s->skb = (__u64)skb;
 	s->valid = confirm_enter(&s->ev, skb, TIER_KPROBE);

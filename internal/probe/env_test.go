@@ -258,8 +258,8 @@ func (n *twoNS) sendUDP(t *testing.T, dst string, port int, payload []byte) {
 }
 
 // serveDNS answers every query on addr:53 in the server namespace with
-// rcode (no answer records) until the test ends.
-func (n *twoNS) serveDNS(t *testing.T, addr string, rcode int) {
+// rcode (no answer records) until the test ends, repeat times each.
+func (n *twoNS) serveDNS(t *testing.T, addr string, rcode, repeat int) {
 	t.Helper()
 	var pc *net.UDPConn
 	err := inNS(n.server, func() (err error) {
@@ -284,7 +284,9 @@ func (n *twoNS) serveDNS(t *testing.T, addr string, rcode int) {
 			r := new(dns.Msg)
 			r.SetRcode(&q, rcode)
 			if b, err := r.Pack(); err == nil {
-				pc.WriteToUDP(b, from)
+				for range repeat {
+					pc.WriteToUDP(b, from)
+				}
 			}
 		}
 	}()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -150,7 +151,7 @@ func TestTraceAnswer(t *testing.T) {
 	requireBTF(t)
 	n := newTwoNS(t)
 	n.addIPv6(t)
-	n.serveDNS(t, serverAddr6, dns.RcodeNameError)
+	n.serveDNS(t, serverAddr6, dns.RcodeNameError, 1)
 
 	tier := testTier(t)
 	tr := open(t, Options{Attach: tier})
@@ -201,6 +202,77 @@ func TestTraceAnswer(t *testing.T) {
 	}
 	if lost := tr.Lost(); lost != 0 {
 		t.Errorf("Lost() = %d", lost)
+	}
+}
+
+// TestRcvbufFull: answers to a socket that does not read, with the
+// smallest receive buffer, overflow it: udp_fail_queue_rcv_skb reports them
+// in the client netns (before 6.10 without the packet: then the tuple comes
+// from the socket).
+func TestRcvbufFull(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	n := newTwoNS(t)
+	n.serveDNS(t, serverAddr, dns.RcodeSuccess, 50)
+	tr := open(t, Options{Attach: testTier(t)})
+	if p := probeByHook(tr, "udp_fail_queue_rcv_skb"); !p.Attached {
+		t.Fatalf("udp_fail_queue_rcv_skb not attached: %s", p)
+	}
+	c := collect(t, tr)
+	conn := n.dial(t, "udp4", serverAddr, 53)
+	if err := conn.SetReadBuffer(1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write(dnsQuery(t, uniqueName(t), dns.TypeA)); err != nil {
+		t.Fatal(err)
+	}
+	local := conn.LocalAddr().(*net.UDPAddr)
+	full, ok := c.wait(5*time.Second, func(e *event.Event) bool {
+		return e.Kind == event.KindRcvbufFull && e.NetNS == n.clientIno && e.Packet.Dst.Port() == uint16(local.Port)
+	})
+	if !ok {
+		c.dump(t)
+		t.Fatal("no rcvbuf_full event")
+	}
+	if full.Packet.Src.String() != serverAddr+":53" {
+		t.Errorf("rcvbuf_full: %s", describe(&full))
+	}
+	t.Logf("event: %s", describe(&full))
+}
+
+// TestLost fills a one-page ring buffer without reading it: the kernel
+// side counts what it could not reserve, and reading works afterwards.
+func TestLost(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	n := newTwoNS(t)
+	tr := open(t, Options{Attach: event.TierTracepoint, RingBufferSize: uint32(os.Getpagesize())})
+	for range 30 { // xmit, recv and a no-socket drop each
+		n.sendUDP(t, serverAddr, 53, dnsQuery(t, uniqueName(t), dns.TypeA))
+	}
+	if lost := tr.Lost(); lost == 0 {
+		t.Errorf("Lost() = 0 after 90 events into a %d-byte ring buffer", os.Getpagesize())
+	} else {
+		t.Logf("Lost() = %d", lost)
+	}
+	c := collect(t, tr)
+	if _, ok := c.wait(5*time.Second, func(e *event.Event) bool { return e.Kind == event.KindXmit }); !ok {
+		t.Error("nothing read after the overflow")
+	}
+}
+
+// TestKernelBTFOption loads with an explicit BTF file, as --kernel-btf does.
+func TestKernelBTFOption(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	tr := open(t, Options{Attach: event.TierTracepoint, KernelBTF: "/sys/kernel/btf/vmlinux"})
+	if p := probeByHook(tr, "kfree_skb"); !p.Attached {
+		t.Errorf("kfree_skb with --kernel-btf: %s", p)
+	}
+	if _, err := Open(Options{KernelBTF: "/nonexistent/btf"}); err == nil {
+		t.Error("Open with a missing --kernel-btf file succeeded")
+	} else {
+		t.Logf("missing file: %v", err)
 	}
 }
 
