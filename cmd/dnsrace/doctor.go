@@ -81,7 +81,7 @@ func doctorMain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.BoolVar(&live, "live", false, "also use netlink, iptables-save and BPF trial loads (default: on when --root is /)")
 	fs.BoolVar(&noLive, "no-live", false, "never touch the running kernel; read files only")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON document instead of text")
-	fs.StringArrayVar(&netns, "netns", nil, "also check this network namespace (a path: /run/netns/NAME, /proc/PID/ns/net); repeatable")
+	fs.StringArrayVar(&netns, "netns", nil, "also check this network namespace (/run/netns/NAME, /proc/PID/ns/net, or a bare NAME); repeatable")
 	fs.StringVar(&cfg.IptablesSave, "iptables-save", "", "read this iptables-save dump instead of the live rules")
 	fs.StringVar(&cfg.NftRuleset, "nft-ruleset", "", "read this 'nft list ruleset' dump instead of the live rules")
 	fs.StringArrayVar(&checks, "check", nil, "run only this check (repeatable): "+strings.Join(doctor.CheckIDs(), ", "))
@@ -119,7 +119,12 @@ func doctorMain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if len(netns) > 0 && !cfg.Live {
 		return usagef("--netns needs live access to the kernel (drop --no-live, or add --live with --root)")
 	}
-	for _, p := range netns {
+	for i, p := range netns {
+		// A bare name means an iproute2 named namespace.
+		if !strings.Contains(p, "/") {
+			p = "/run/netns/" + p
+			netns[i] = p
+		}
 		if _, err := os.Stat(p); err != nil {
 			return usagef("--netns %s: %v", p, err)
 		}

@@ -106,3 +106,20 @@ func TestDoctorHelp(t *testing.T) {
 		}
 	}
 }
+
+// Through main's run: the exit statuses a shell sees.
+func TestDoctorThroughRun(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"doctor", "--root", fixtures + "flatcar-azure-bridge", "--json"}, 1},
+		{[]string{"doctor", "--root", fixtures + "healthy"}, 0},
+		{[]string{"doctor", "--no-such-flag"}, 2},
+		{[]string{"doctor", "--help"}, 0},
+	} {
+		if got := run(tc.args); got != tc.want {
+			t.Errorf("dnsrace %s: exit %d, want %d", strings.Join(tc.args, " "), got, tc.want)
+		}
+	}
+}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os/exec"
 	"regexp"
 	"strings"
+	"time"
 )
 
 const (
@@ -102,7 +104,34 @@ func checkResolvers(_ context.Context, e *env) Result {
 			}
 		}
 	}
+	if r.Verdict == Fail && e.Live && e.Root == "/" {
+		r.Evidence = append(r.Evidence, resolvectlDNS()...)
+	}
 	return probs.finish(r)
+}
+
+// resolvectlDNS adds systemd-resolved's own per-link view when it is there
+// to ask (live, on the node itself). The files above are the evidence;
+// this only helps a reader see which link lost its servers.
+func resolvectlDNS() []string {
+	if _, err := exec.LookPath("resolvectl"); err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "resolvectl", "dns").Output()
+	if err != nil {
+		return []string{"resolvectl dns: " + err.Error()}
+	}
+	var ev []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if len(ev) == 8 {
+			ev = append(ev, "resolvectl dns: ...")
+			break
+		}
+		ev = append(ev, "resolvectl dns: "+strings.TrimSpace(l))
+	}
+	return ev
 }
 
 func onlyStub(rc ResolvConf) bool {
