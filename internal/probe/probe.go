@@ -149,7 +149,7 @@ func newLoader(opts Options) (*loader, error) {
 	}
 	t.events, t.lost, t.cachep = repl[bpf.DnsraceMapEvents], repl[bpf.DnsraceMapLost], repl[bpf.DnsraceMapCtCachep]
 
-	l := &loader{t: t, spec: spec, kspec: kspec, opts: opts, repl: repl}
+	l := &loader{t: t, spec: spec, kspec: kspec, opts: opts, repl: repl, cache: btf.NewCache()}
 	if opts.KernelBTF != "" {
 		l.progOpts.KernelTypes = kspec
 		// An explicit kernel spec replaces module BTF too: add the
@@ -189,6 +189,7 @@ type loader struct {
 	opts     Options
 	repl     map[string]*ebpf.Map
 	progOpts ebpf.ProgramOptions
+	cache    *btf.Cache // kernel BTF decoded once for every collection
 }
 
 // load creates a collection holding only progs (and the maps they use,
@@ -234,6 +235,7 @@ func (l *loader) load(progs ...string) (*ebpf.Collection, error) {
 	return ebpf.NewCollectionWithOptions(cs, ebpf.CollectionOptions{
 		Programs:        l.progOpts,
 		MapReplacements: repl,
+		Cache:           l.cache,
 	})
 }
 
