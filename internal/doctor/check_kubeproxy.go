@@ -3,6 +3,8 @@ package doctor
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"strings"
 )
@@ -133,6 +135,19 @@ func checkKubeProxy(ctx context.Context, e *env) Result {
 	if _, err := os.Lstat(e.hostPath("/sys/class/net/nodelocaldns")); err == nil {
 		nodeLocal = true
 		r.Evidence = append(r.Evidence, "/sys/class/net/nodelocaldns: NodeLocal DNSCache interface present")
+	}
+	if e.Live && e.Root == "/" {
+		if ifs, err := net.Interfaces(); err == nil {
+			for _, ifc := range ifs {
+				addrs, _ := ifc.Addrs()
+				for _, a := range addrs {
+					if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr().String() == nodeLocalIP {
+						nodeLocal = true
+						r.Evidence = append(r.Evidence, fmt.Sprintf("%s holds %s (NodeLocal DNSCache address)", ifc.Name, nodeLocalIP))
+					}
+				}
+			}
+		}
 	}
 	for _, n := range f.Notrack {
 		nodeLocal = true

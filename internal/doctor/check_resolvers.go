@@ -78,6 +78,16 @@ func checkResolvers(_ context.Context, e *env) Result {
 	default:
 		r.Verdict = OK
 		r.Summary = fmt.Sprintf("%d nameserver(s): %s", len(rc.Nameservers), strings.Join(rc.NameserverStrings(), " "))
+		// A static /etc/resolv.conf can hide that systemd-resolved itself
+		// lost its uplinks: its stub and its uplink file (kubelet's
+		// default on resolved nodes) then answer nothing.
+		if up, _, err := e.read(resolvedUplink); err == nil {
+			if urc, err := ParseResolvConf(up); err == nil && len(urc.Nameservers) == 0 {
+				r.Evidence = append(r.Evidence, describeResolv(resolvedUplink, urc)...)
+				r.Verdict, r.Fix = Warn, fix
+				r.Summary += "; but systemd-resolved has no uplink servers (its stub 127.0.0.53 and " + resolvedUplink + " answer nothing)"
+			}
+		}
 	}
 
 	// kubelet's --resolv-conf is what CoreDNS forwards to and what
@@ -96,10 +106,12 @@ func checkResolvers(_ context.Context, e *env) Result {
 					probs.addf("kubelet resolvConf %s: %v", kp, err)
 				} else if len(krc.Nameservers) == 0 || onlyStub(krc) {
 					r.Evidence = append(r.Evidence, describeResolv(kp, krc)...)
-					r.Verdict, r.Fix = Fail, fix
-					if r.Summary == "" || !strings.Contains(r.Summary, "no ") {
+					if r.Verdict != Fail {
+						// The node's own file failing is the headline;
+						// otherwise kubelet's is.
 						r.Summary = fmt.Sprintf("kubelet's resolvConf %s has no usable nameserver (CoreDNS upstream and dnsPolicy=Default pods)", kp)
 					}
+					r.Verdict, r.Fix = Fail, fix
 				}
 			}
 		}

@@ -105,3 +105,17 @@ func TestLivePodResolvers(t *testing.T) {
 		t.Errorf("the unshared process was not found:\n%s", ev)
 	}
 }
+
+// A static /etc/resolv.conf that works, while systemd-resolved has lost
+// its uplinks: warn, because the stub and kubelet's default file are dead.
+func TestResolversStaticButResolvedEmpty(t *testing.T) {
+	root := copyTree(t, "testdata/healthy")
+	os.Remove(filepath.Join(root, "etc/resolv.conf"))
+	os.Remove(filepath.Join(root, "var/lib/kubelet/config.yaml"))
+	os.WriteFile(filepath.Join(root, "etc/resolv.conf"), []byte("nameserver 10.1.2.3\n"), 0o644)
+	os.WriteFile(filepath.Join(root, "run/systemd/resolve/resolv.conf"), []byte("# No DNS servers known.\n"), 0o644)
+	r := runOneCheck(t, Config{Root: root}, "resolvers")
+	if r.Verdict != Warn || !strings.Contains(r.Summary, "systemd-resolved has no uplink servers") {
+		t.Errorf("%s %q %q", r.Verdict, r.Summary, r.Evidence)
+	}
+}
