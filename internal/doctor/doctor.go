@@ -26,8 +26,8 @@ type Result struct {
 	Verdict  Verdict  `json:"verdict"`
 	Summary  string   `json:"summary"`
 	Evidence []string `json:"evidence"`
-	Fix      string   `json:"fix,omitempty"`
-	Reason   string   `json:"reason,omitempty"` // why a check was skipped
+	Fix      string   `json:"fix"`
+	Reason   string   `json:"reason"` // why a check was skipped
 }
 
 // Report is the outcome of a doctor run.
@@ -169,6 +169,7 @@ func firstLines(s string, n int) string {
 func (r Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
 	if r.Checks == nil {
 		r.Checks = []Result{}
 	}
