@@ -31,9 +31,29 @@ func readCTLive(netnsPath string) (ctSnap, error) {
 	return ctSnap{Snapshot: s, HaveMax: s.Max > 0, Source: "ctnetlink"}, nil
 }
 
+// readCTProcInNetNS reads a namespace's counters from procfs, from a
+// thread inside it: /proc/thread-self/net and /proc/sys/net follow the
+// reading thread's namespace. The fallback when ctnetlink is unavailable.
+func readCTProcInNetNS(netnsPath string) (ctSnap, error) {
+	var s ctSnap
+	var probs problems
+	err := inNetNS(netnsPath, func() (err error) {
+		live := &env{Config: Config{Root: "/"}}
+		s, err = live.readCTFilesAt("/proc/thread-self/net/stat/nf_conntrack", &probs)
+		return err
+	})
+	if err == nil && len(probs) > 0 {
+		s.HaveMax = false
+	}
+	return s, err
+}
+
 // readCTFiles reads the host namespace's counters from procfs under root.
 func (e *env) readCTFiles(probs *problems) (ctSnap, error) {
-	const statPath = "/proc/net/stat/nf_conntrack"
+	return e.readCTFilesAt("/proc/net/stat/nf_conntrack", probs)
+}
+
+func (e *env) readCTFilesAt(statPath string, probs *problems) (ctSnap, error) {
 	data, _, err := e.read(statPath)
 	if err != nil {
 		return ctSnap{}, err
@@ -186,11 +206,18 @@ func checkConntrack(_ context.Context, e *env) Result {
 		switch {
 		case e.Live:
 			s, err = readCTLive(t.path)
-			if err != nil && t.path == "" {
-				// Without ctnetlink (no CAP_NET_ADMIN), procfs still works.
-				fs, ferr := e.readCTFiles(&probs)
+			if err != nil {
+				// Without ctnetlink (no CAP_NET_ADMIN, no module),
+				// procfs may still answer.
+				var fs ctSnap
+				var ferr error
+				if t.path == "" {
+					fs, ferr = e.readCTFiles(&probs)
+				} else {
+					fs, ferr = readCTProcInNetNS(t.path)
+				}
 				if ferr == nil {
-					r.Evidence = append(r.Evidence, fmt.Sprintf("host: ctnetlink failed (%v), read procfs instead", err))
+					r.Evidence = append(r.Evidence, fmt.Sprintf("%s: ctnetlink failed (%v), read procfs instead", t.label, err))
 					s, err = fs, nil
 				}
 			}

@@ -212,6 +212,16 @@ func TestLiveNetNS(t *testing.T) {
 	if after.Entries == 0 {
 		t.Fatal("traffic made no conntrack entries in the node namespace")
 	}
+	// The procfs reader (the --root path and the ctnetlink fallback) must
+	// agree with the kernel's netlink answer on the same namespace.
+	proc, err := readCTProcInNetNS(path)
+	if err != nil {
+		t.Fatalf("reading procfs in the namespace: %v", err)
+	}
+	if proc.Total.InsertFailed != after.Total.InsertFailed || proc.Total.ClashResolve != after.Total.ClashResolve ||
+		proc.Total.Drop != after.Total.Drop || len(proc.PerCPU) != len(after.PerCPU) {
+		t.Errorf("procfs %+v (%d CPUs) != ctnetlink %+v (%d CPUs)", proc.Total, len(proc.PerCPU), after.Total, len(after.PerCPU))
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
