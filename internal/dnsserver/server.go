@@ -25,7 +25,8 @@ type Config struct {
 	// IgnoreFraction of queries (0..1) get no answer at all.
 	IgnoreFraction float64
 	// ReplyFrom, when set, is bound too and every reply leaves from it
-	// instead of Addr.
+	// instead of Addr. (To answer from another server's address and port,
+	// use ReplyVia.)
 	ReplyFrom netip.AddrPort
 	// TTL of the answers, in seconds.
 	TTL uint32
@@ -42,7 +43,9 @@ type Stats struct {
 // Server is one running server.
 type Server struct {
 	cfg                                    Config
-	conn, replyConn                        *net.UDPConn
+	conn                                   *net.UDPConn
+	replyConn                              atomic.Pointer[net.UDPConn]
+	ownReply                               *net.UDPConn
 	received, answered, ignored, malformed atomic.Uint64
 	wg                                     sync.WaitGroup
 }
@@ -60,13 +63,14 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("binding DNS server to %s: %w", cfg.Addr, err)
 	}
-	s.replyConn = s.conn
+	s.replyConn.Store(s.conn)
 	if cfg.ReplyFrom.IsValid() {
-		s.replyConn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(cfg.ReplyFrom))
+		s.ownReply, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(cfg.ReplyFrom))
 		if err != nil {
 			s.conn.Close()
 			return nil, fmt.Errorf("binding reply socket to %s: %w", cfg.ReplyFrom, err)
 		}
+		s.replyConn.Store(s.ownReply)
 	}
 	s.wg.Add(1)
 	go s.serve()
@@ -99,7 +103,7 @@ func (s *Server) serve() {
 		if err != nil {
 			continue
 		}
-		if _, err := s.replyConn.WriteToUDPAddrPort(out, from); err == nil {
+		if _, err := s.replyConn.Load().WriteToUDPAddrPort(out, from); err == nil {
 			s.answered.Add(1)
 		}
 	}
@@ -119,6 +123,11 @@ func (s *Server) answer(q, r *dns.Msg) {
 	}
 }
 
+// ReplyVia makes s send every reply through other's socket, so replies
+// leave from other's address and port: a server answering from the wrong
+// address, as one bound to 0.0.0.0 on a multi-homed host does.
+func (s *Server) ReplyVia(other *Server) { s.replyConn.Store(other.conn) }
+
 // Stats returns the counters so far.
 func (s *Server) Stats() Stats {
 	return Stats{
@@ -132,8 +141,8 @@ func (s *Server) Stats() Stats {
 // Close stops the server and waits for its loop to end.
 func (s *Server) Close() error {
 	err := s.conn.Close()
-	if s.replyConn != s.conn {
-		s.replyConn.Close()
+	if s.ownReply != nil {
+		s.ownReply.Close()
 	}
 	s.wg.Wait()
 	return err

@@ -11,8 +11,8 @@ import (
 type ServerConfig struct {
 	// IgnoreFraction of queries each backend leaves unanswered.
 	IgnoreFraction float64 `json:"ignore_fraction,omitempty"`
-	// WrongSource makes backend 0 answer from backend 1's address (or
-	// from the node-facing second address when there is one backend).
+	// WrongSource makes backend 0 answer from backend 1's address and
+	// port (it needs two backends).
 	WrongSource bool `json:"wrong_source,omitempty"`
 }
 
@@ -26,14 +26,15 @@ func startServers(t Topology, cfg ServerConfig) (*servers, error) {
 				Addr:           netip.AddrPortFrom(BackendAddr(i), 53),
 				IgnoreFraction: cfg.IgnoreFraction,
 			}
-			if cfg.WrongSource && i == 0 && t.Backends > 1 {
-				c.ReplyFrom = netip.AddrPortFrom(BackendAddr(1), 5353)
-			}
 			srv, err := dnsserver.Start(c)
 			if err != nil {
 				return err
 			}
 			s.list = append(s.list, srv)
+		}
+		if cfg.WrongSource && len(s.list) > 1 {
+			// Backend 0 answers from backend 1's address and port 53.
+			s.list[0].ReplyVia(s.list[1])
 		}
 		return nil
 	})

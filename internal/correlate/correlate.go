@@ -1,0 +1,820 @@
+package correlate
+
+import (
+	"hash/maphash"
+	"net/netip"
+	"time"
+
+	"github.com/dnsrace/dnsrace/internal/event"
+)
+
+// Config tunes a Correlator. Zero values take the defaults.
+type Config struct {
+	// MinRetryGap: a later query for the same name from the same
+	// namespace is a retry only when sent at least this long after the
+	// lost one (A and AAAA of one attempt leave within microseconds).
+	MinRetryGap time.Duration
+	// ClassifyDelay: how long a drop waits for the winner's events and
+	// the counters before it is classified.
+	ClassifyDelay time.Duration
+	// QueryTTL: an unanswered query with no retry is declared lost after
+	// this long, and an open stall with no retry is closed (retried=false).
+	QueryTTL time.Duration
+	// ResolverTimeout: at Close, a query unanswered for this long is lost
+	// (its resolver has given up on it already).
+	ResolverTimeout time.Duration
+	// MaxQueries caps the queries in flight; the oldest are evicted and
+	// counted.
+	MaxQueries int
+	// ReasonName maps an skb drop reason value to its name.
+	ReasonName func(uint32) string
+	// Location formats a drop location.
+	Location func(uint64) string
+	// Counters are the kernel's per-namespace conntrack deltas; nil when
+	// unavailable (then drops without event evidence count as rule_drop).
+	Counters CounterSource
+	// OnIncident receives every incident, in the order they close.
+	OnIncident func(*Incident)
+	// Wall converts a CLOCK_MONOTONIC time in ns to wall time.
+	Wall func(mono uint64) time.Time
+}
+
+func (c *Config) defaults() {
+	if c.MinRetryGap == 0 {
+		c.MinRetryGap = 400 * time.Millisecond
+	}
+	if c.ClassifyDelay == 0 {
+		c.ClassifyDelay = 250 * time.Millisecond
+	}
+	if c.QueryTTL == 0 {
+		c.QueryTTL = 12 * time.Second
+	}
+	if c.ResolverTimeout == 0 {
+		c.ResolverTimeout = 5 * time.Second
+	}
+	if c.MaxQueries == 0 {
+		c.MaxQueries = 1 << 18
+	}
+	if c.ReasonName == nil {
+		c.ReasonName = func(v uint32) string { return "reason_" + itoa(int(v)) }
+	}
+	if c.Location == nil {
+		c.Location = func(uint64) string { return "" }
+	}
+	if c.Wall == nil {
+		c.Wall = func(uint64) time.Time { return time.Time{} }
+	}
+}
+
+type qstate uint8
+
+const (
+	statePending qstate = iota
+	stateAnswered
+	stateLost
+)
+
+type qkey struct {
+	netns uint32
+	src   netip.AddrPort
+	dst   netip.AddrPort
+	id    uint16
+	qtype uint16
+}
+
+type sockKey struct {
+	netns    uint32
+	src, dst netip.AddrPort
+}
+
+type nameKey struct {
+	netns uint32
+	name  uint64
+}
+
+type idKey struct {
+	id    uint16
+	qtype uint16
+	name  uint64
+}
+
+// query is one DNS question on the wire, from its first sighting.
+type query struct {
+	key    qkey
+	name   uint64
+	qname  string
+	sentNs uint64
+	cpu    uint16
+	pid    uint32
+	comm   [16]byte
+	cgroup uint64
+	tier   event.Tier
+	state  qstate
+	lost   *Packet
+	race   string
+	winner *Flow
+	nodeNS uint32
+	ct     event.CT // the last conntrack entry seen on the query's skb
+	// confirm verdicts from the fentry/kprobe tiers
+	confirmFailed bool
+	clashWinner   event.CT
+	// replyCause is set when the answer was seen dropped.
+	replyCause  string
+	replyReason string
+	replyLoc    string
+	replyNS     uint32
+	incident    *open
+	skbs        []uint64 // skb addresses that carried it, for forget
+	lastNs      uint64   // last time an event carried it
+	dead        bool     // removed from the indexes
+}
+
+// open is a stall in progress: lost queries of one lookup attempt.
+type open struct {
+	inc     *Incident
+	key     nameKey
+	firstNs uint64
+	queries []*query
+}
+
+type ctSeen struct {
+	ptr    uint64
+	orig   event.Tuple
+	reply  event.Tuple
+	timeNs uint64
+	q      *query
+}
+
+type pendingDrop struct {
+	due uint64
+	ev  dropEv
+}
+
+type dropEv struct {
+	kind     event.Kind
+	q        *query // nil for a CT free with no known query
+	netns    uint32
+	ct       event.CT
+	reason   uint32
+	location uint64
+	timeNs   uint64
+	cpu      uint16
+}
+
+// Correlator joins events into incidents.
+type Correlator struct {
+	cfg  Config
+	seed maphash.Seed
+
+	bySkb   map[uint64]*query
+	byKey   map[qkey]*query
+	byID    map[idKey]*query
+	bySock  map[sockKey]*query // last query sent on a socket
+	pending map[nameKey][]*query
+	opens   map[nameKey]*open
+	byCT    map[uint64]*query
+	// byTuple: the last query sent on a 5-tuple, whatever the namespace:
+	// a conntrack entry's original tuple names the query that made it.
+	byTuple map[event.Tuple]*query
+	order   []*query // queries by first sighting, for expiry
+
+	// confirmed entries seen recently, per namespace and tuple
+	byReply map[nsTuple]ctSeen
+	byOrig  map[nsTuple]ctSeen
+	ctOrder []nsTuple
+
+	// dropped: ct address of a dropped packet -> time of the drop. The
+	// slab hands a freed entry's address to the next entry at once, so an
+	// address only means "this entry" for a moment around its event.
+	dropped map[uint64]uint64
+	// counted: losers already counted as rescued, by address and query.
+	counted  map[lossKey]bool
+	drops    []pendingDrop
+	attrib   map[uint32]*Attributed
+	nextID   uint64
+	lastNs   uint64
+	evicted  uint64
+	queries  uint64
+	answered uint64
+}
+
+type lossKey struct {
+	ptr uint64
+	q   *query
+}
+
+type nsTuple struct {
+	netns uint32
+	t     event.Tuple
+}
+
+// New returns a Correlator.
+func New(cfg Config) *Correlator {
+	cfg.defaults()
+	return &Correlator{
+		cfg: cfg, seed: maphash.MakeSeed(),
+		bySkb: map[uint64]*query{}, byKey: map[qkey]*query{}, byID: map[idKey]*query{},
+		bySock: map[sockKey]*query{}, pending: map[nameKey][]*query{}, opens: map[nameKey]*open{},
+		byCT: map[uint64]*query{}, byTuple: map[event.Tuple]*query{}, byReply: map[nsTuple]ctSeen{}, byOrig: map[nsTuple]ctSeen{},
+		dropped: map[uint64]uint64{}, counted: map[lossKey]bool{}, attrib: map[uint32]*Attributed{},
+	}
+}
+
+// Stats are the correlator's own counts.
+type Stats struct {
+	Queries  uint64 `json:"queries"`
+	Answered uint64 `json:"answered"`
+	InFlight int    `json:"in_flight"`
+	Evicted  uint64 `json:"evicted"`
+}
+
+func (c *Correlator) Stats() Stats {
+	return Stats{Queries: c.queries, Answered: c.answered, InFlight: len(c.byKey), Evicted: c.evicted}
+}
+
+// Attributed returns what was explained, per namespace of the drop.
+func (c *Correlator) Attributed() map[uint32]Attributed {
+	out := make(map[uint32]Attributed, len(c.attrib))
+	for ns, a := range c.attrib {
+		out[ns] = *a
+	}
+	return out
+}
+
+func (c *Correlator) attributed(ns uint32) *Attributed {
+	a := c.attrib[ns]
+	if a == nil {
+		a = &Attributed{}
+		c.attrib[ns] = a
+	}
+	return a
+}
+
+func (c *Correlator) hashName(b []byte) uint64 { return maphash.Bytes(c.seed, b) }
+
+// Handle processes one event. It keeps nothing that e points to.
+func (c *Correlator) Handle(e *event.Event) {
+	if e.TimeNs > c.lastNs {
+		c.lastNs = e.TimeNs
+	}
+	if e.CT.Ptr != 0 && e.CT.Confirmed() {
+		c.noteCT(e.NetNS, e.CT, e.TimeNs)
+	}
+	switch e.Kind {
+	case event.KindCTFree:
+		if t, ok := c.dropped[e.CT.Ptr]; ok && e.TimeNs >= t && e.TimeNs-t < uint64(10*time.Millisecond) {
+			// The entry of a dropped packet, freed with it (same CPU,
+			// right after the drop event). Decided now: the address
+			// may be reused and dropped again before a delayed check.
+			return
+		}
+		if e.CT.Ptr != 0 && !e.CT.Confirmed() {
+			q := c.byCT[e.CT.Ptr]
+			if q == nil {
+				// A merged loser never shows on a query event: its
+				// packet leaves with the winner's entry.
+				q = c.byTuple[event.Tuple{Src: e.CT.Orig.Src, Dst: e.CT.Orig.Dst, Proto: 17}]
+			}
+			c.drops = append(c.drops, pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), ev: dropEv{
+				kind: e.Kind, q: q, netns: e.NetNS, ct: e.CT, timeNs: e.TimeNs, cpu: e.CPU}})
+		}
+		return
+	case event.KindClash:
+		if q := c.skbQuery(e); q != nil {
+			q.clashWinner = e.Winner
+		}
+		return
+	}
+	if !e.DNS.Valid {
+		return
+	}
+	if e.DNS.Response {
+		c.handleResponse(e)
+		return
+	}
+	q := c.skbQuery(e)
+	if q == nil && (e.Kind == event.KindXmit || e.Kind == event.KindSend) {
+		q = c.newQuery(e)
+	}
+	if q == nil {
+		return
+	}
+	if e.CT.Ptr != 0 {
+		q.ct = e.CT
+		q.nodeNS = e.NetNS
+		c.byCT[e.CT.Ptr] = q
+		if lk := (lossKey{e.CT.Ptr, q}); e.CT.Status&event.IPSNATClash != 0 && !c.counted[lk] {
+			// nf_ct_resolve_clash_harder inserted this loser reply-only.
+			c.counted[lk] = true
+			c.rescued(q, e.NetNS, e.CT, e.TimeNs)
+		}
+	}
+	switch e.Kind {
+	case event.KindConfirm:
+		if e.Verdict == 0 {
+			q.confirmFailed = true
+		} else if lk := (lossKey{e.CT.Ptr, q}); e.CTAfter != 0 && e.CTAfter != e.CT.Ptr && !c.counted[lk] {
+			// The skb now carries the winner: the loser was merged.
+			c.counted[lk] = true
+			c.rescued(q, e.NetNS, e.CT, e.TimeNs)
+		}
+	case event.KindDrop:
+		if e.CT.Ptr != 0 {
+			c.dropped[e.CT.Ptr] = e.TimeNs
+		}
+		c.drops = append(c.drops, pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), ev: dropEv{
+			kind: e.Kind, q: q, netns: e.NetNS, ct: e.CT, reason: e.Reason, location: e.Location, timeNs: e.TimeNs, cpu: e.CPU}})
+	}
+}
+
+func (c *Correlator) bindSkb(skb uint64, q *query) {
+	c.bySkb[skb] = q
+	for _, s := range q.skbs {
+		if s == skb {
+			return
+		}
+	}
+	q.skbs = append(q.skbs, skb)
+}
+
+// skbQuery returns the query the event's skb carries, if it is the same
+// question (skb addresses are reused once freed).
+func (c *Correlator) skbQuery(e *event.Event) *query {
+	q := c.bySkb[e.Skb]
+	if q == nil || q.dead {
+		return nil
+	}
+	if e.DNS.Valid && (q.key.id != e.DNS.ID || q.key.qtype != e.DNS.QType || e.DNS.Response) {
+		return nil
+	}
+	// A packet crosses the node in well under MinRetryGap; a later hit on
+	// the same address is a resend of the same question in a reused skb.
+	if e.TimeNs > q.lastNs+uint64(c.cfg.MinRetryGap) {
+		return nil
+	}
+	q.lastNs = e.TimeNs
+	return q
+}
+
+func (c *Correlator) newQuery(e *event.Event) *query {
+	k := qkey{netns: e.NetNS, src: e.Packet.Src, dst: e.Packet.Dst, id: e.DNS.ID, qtype: e.DNS.QType}
+	if old := c.byKey[k]; old != nil && !old.dead {
+		if e.TimeNs < old.sentNs+uint64(c.cfg.MinRetryGap) {
+			// Seen again on another device of the same namespace.
+			c.bindSkb(e.Skb, old)
+			return old
+		}
+		// A resend with the same id on the same socket (glibc's
+		// single-request retry, musl's resend): a new query.
+		delete(c.byKey, k)
+	}
+	name := e.DNS.NameBytes()
+	q := &query{
+		key: k, name: c.hashName(name), qname: string(name), sentNs: e.TimeNs, lastNs: e.TimeNs, cpu: e.CPU,
+		pid: e.PID, comm: e.Comm, cgroup: e.Cgroup, tier: e.Tier,
+	}
+	c.queries++
+	c.byKey[k] = q
+	c.bindSkb(e.Skb, q)
+	c.byID[idKey{k.id, k.qtype, q.name}] = q
+	c.order = append(c.order, q)
+	nk := nameKey{k.netns, q.name}
+	c.retry(nk, q)
+	c.pending[nk] = append(c.pending[nk], q)
+	sk := sockKey{k.netns, k.src, k.dst}
+	c.bySock[sk] = q
+	c.byTuple[event.Tuple{Src: k.src, Dst: k.dst, Proto: 17}] = q
+	if len(c.byKey) > c.cfg.MaxQueries {
+		c.evictOldest()
+	}
+	return q
+}
+
+// retry is called for every new query: an older unanswered query for the
+// same name in the same namespace is lost, and the stall it caused ends now.
+func (c *Correlator) retry(nk nameKey, q *query) {
+	gap := uint64(c.cfg.MinRetryGap)
+	var keep []*query
+	for _, old := range c.pending[nk] {
+		if old.state == statePending && q.sentNs >= old.sentNs+gap {
+			c.markLost(old, c.unansweredLoss(old))
+			continue
+		}
+		if old.state == statePending {
+			keep = append(keep, old)
+		}
+	}
+	if len(keep) == 0 {
+		delete(c.pending, nk)
+	} else {
+		c.pending[nk] = keep
+	}
+	if o := c.opens[nk]; o != nil && q.sentNs >= o.firstNs+gap {
+		c.closeOpen(o, q.sentNs, true)
+	}
+}
+
+// unansweredLoss explains a query that was never answered and never seen
+// dropped: its answer was dropped, or nothing local saw it at all.
+func (c *Correlator) unansweredLoss(q *query) Packet {
+	p := Packet{QType: qtypeName(q.key.qtype), ID: q.key.id, CPU: q.cpu, SentNs: q.sentNs, Cause: CauseNoReply}
+	if q.replyCause != "" {
+		p.Cause, p.Reason, p.Location, p.NetNS = q.replyCause, q.replyReason, q.replyLoc, q.replyNS
+	}
+	return p
+}
+
+func (c *Correlator) handleResponse(e *event.Event) {
+	name := c.hashName(e.DNS.NameBytes())
+	q := c.byID[idKey{e.DNS.ID, e.DNS.QType, name}]
+	if q == nil || q.dead {
+		return
+	}
+	switch e.Kind {
+	case event.KindRecv, event.KindDeliver:
+		// The answer reached the asking namespace with the tuple the
+		// socket expects: answered.
+		if e.NetNS == q.key.netns && e.Packet.Src == q.key.dst && e.Packet.Dst == q.key.src && q.state == statePending {
+			q.state = stateAnswered
+			c.answered++
+		}
+	case event.KindDrop:
+		switch c.cfg.ReasonName(e.Reason) {
+		case "NO_SOCKET", "SOCKET_FILTER", "NETFILTER_DROP", "IP_NOPROTO":
+			q.replyCause = CauseReplyUnmatched
+		case "SOCKET_RCVBUFF", "PROTO_MEM":
+			q.replyCause = CauseRcvbufFull
+		default:
+			q.replyCause = CauseLocalDrop
+		}
+		q.replyReason, q.replyLoc, q.replyNS = c.cfg.ReasonName(e.Reason), c.cfg.Location(e.Location), e.NetNS
+	case event.KindRcvbufFull:
+		q.replyCause, q.replyReason, q.replyNS = CauseRcvbufFull, "SOCKET_RCVBUFF", e.NetNS
+	}
+}
+
+// noteCT remembers a confirmed entry: a later drop of an unconfirmed entry
+// with the same tuple lost the race to it.
+func (c *Correlator) noteCT(ns uint32, ct event.CT, t uint64) {
+	s := ctSeen{ptr: ct.Ptr, orig: ct.Orig, reply: ct.Reply, timeNs: t, q: c.byCT[ct.Ptr]}
+	rk, ok := nsTuple{ns, ct.Reply}, nsTuple{ns, ct.Orig}
+	if _, seen := c.byReply[rk]; !seen {
+		c.ctOrder = append(c.ctOrder, rk, ok)
+	}
+	c.byReply[rk] = s
+	c.byOrig[ok] = s
+}
+
+// winnerOf finds the entry a dropped unconfirmed ct lost to.
+func (c *Correlator) winnerOf(ns uint32, ct event.CT, t uint64) (string, *ctSeen) {
+	recent := func(s ctSeen) bool {
+		d := int64(s.timeNs) - int64(t)
+		return s.ptr != ct.Ptr && d < int64(2*time.Second) && d > -int64(5*time.Second)
+	}
+	if s, ok := c.byReply[nsTuple{ns, ct.Reply}]; ok && recent(s) && s.orig != ct.Orig {
+		return RaceReplyClash, &s
+	}
+	if s, ok := c.byOrig[nsTuple{ns, ct.Orig}]; ok && recent(s) {
+		return RaceSameTuple, &s
+	}
+	return "", nil
+}
+
+func (c *Correlator) flowOf(s *ctSeen) *Flow {
+	f := &Flow{Src: s.orig.Src.String(), Dst: s.orig.Dst.String(), ReplySrc: s.reply.Src.String(), ReplyDst: s.reply.Dst.String()}
+	if s.q == nil {
+		s.q = c.byCT[s.ptr]
+	}
+	if q := s.q; q != nil {
+		f.NetNS, f.QName, f.QType, f.PID = q.key.netns, q.qname, qtypeName(q.key.qtype), q.pid
+		f.Comm = commString(q.comm)
+	}
+	return f
+}
+
+func commString(b [16]byte) string {
+	for i, ch := range b {
+		if ch == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b[:])
+}
+
+// Tick classifies drops that are due and expires old state. now is
+// CLOCK_MONOTONIC in ns; 0 means the time of the last event.
+func (c *Correlator) Tick(now uint64) {
+	if now == 0 {
+		now = c.lastNs
+	}
+	n := 0
+	for _, d := range c.drops {
+		if d.due <= now {
+			c.classify(d.ev)
+			continue
+		}
+		c.drops[n] = d
+		n++
+	}
+	c.drops = c.drops[:n]
+	c.expire(now)
+}
+
+// budget returns how many more packets of a kind the kernel counted in ns
+// than dnsrace explained so far.
+func (c *Correlator) budget(ns uint32) (insertFailed, drop int64) {
+	if c.cfg.Counters == nil {
+		return 0, 0
+	}
+	d, ok := c.cfg.Counters.Delta(ns)
+	if !ok {
+		return 0, 0
+	}
+	a := c.attributed(ns)
+	return int64(d.InsertFailed) - int64(a.InsertFailed), int64(d.Drop) - int64(a.Drop)
+}
+
+func (c *Correlator) classify(d dropEv) {
+	if d.kind == event.KindCTFree {
+		// An unconfirmed entry freed without its packet being dropped:
+		// the loser of a clash the kernel merged into the winner.
+		if d.q == nil {
+			return
+		}
+		lk := lossKey{d.ct.Ptr, d.q}
+		if c.counted[lk] {
+			return
+		}
+		c.counted[lk] = true
+		c.rescued(d.q, d.netns, d.ct, d.timeNs)
+		return
+	}
+	q := d.q
+	if q == nil || q.state != statePending {
+		return
+	}
+	reason := c.cfg.ReasonName(d.reason)
+	p := Packet{QType: qtypeName(q.key.qtype), ID: q.key.id, CPU: q.cpu, SentNs: q.sentNs,
+		Reason: reason, Location: c.cfg.Location(d.location), NetNS: d.netns}
+	a := c.attributed(d.netns)
+	switch {
+	case reason == "NETFILTER_DROP" && (d.ct.Ptr == 0 || !d.ct.Confirmed()):
+		race, w := "", (*ctSeen)(nil)
+		if d.ct.Ptr != 0 {
+			race, w = c.winnerOf(d.netns, d.ct, d.timeNs)
+		}
+		if q.clashWinner.Ptr != 0 && w == nil {
+			w = &ctSeen{ptr: q.clashWinner.Ptr, orig: q.clashWinner.Orig, reply: q.clashWinner.Reply}
+			race = RaceSameTuple
+			if q.clashWinner.Orig != d.ct.Orig {
+				race = RaceReplyClash
+			}
+		}
+		insertBudget, dropBudget := c.budget(d.netns)
+		switch {
+		case d.ct.Ptr != 0 && (w != nil || q.confirmFailed || insertBudget > 0):
+			p.Cause, p.Race = CauseInsertRace, race
+			if w != nil {
+				q.winner = c.flowOf(w)
+			}
+			a.InsertFailed++
+			a.Drop++
+		case d.ct.Ptr == 0 && dropBudget > 0:
+			p.Cause = CauseTableFull
+			a.Drop++
+		default:
+			p.Cause = CauseRuleDrop
+		}
+	case reason == "NETFILTER_DROP":
+		p.Cause = CauseRuleDrop
+	default:
+		p.Cause = CauseLocalDrop
+	}
+	q.race = p.Race
+	c.markLost(q, p)
+}
+
+// markLost records a lost query and adds it to the open stall of its
+// lookup (A and AAAA of one attempt share one stall).
+func (c *Correlator) markLost(q *query, p Packet) {
+	if q.state != statePending {
+		return
+	}
+	q.state = stateLost
+	q.lost = &p
+	nk := nameKey{q.key.netns, q.name}
+	o := c.opens[nk]
+	if o != nil && q.sentNs >= o.firstNs+uint64(c.cfg.MinRetryGap) {
+		// An older stall whose retry was lost too: that retry ended it.
+		c.closeOpen(o, q.sentNs, true)
+		o = nil
+	}
+	if o == nil {
+		o = &open{key: nk, firstNs: q.sentNs, inc: c.newIncident(q, p.Cause, p.Race)}
+		c.opens[nk] = o
+	}
+	o.queries = append(o.queries, q)
+	o.inc.Lost = append(o.inc.Lost, p)
+	q.incident = o
+}
+
+func (c *Correlator) newIncident(q *query, cause, race string) *Incident {
+	c.nextID++
+	inc := &Incident{
+		Type: "incident", ID: c.nextID, Time: c.cfg.Wall(q.sentNs), Cause: cause,
+		QName: q.qname, QType: qtypeName(q.key.qtype), NetNS: q.key.netns, PID: q.pid,
+		Comm: commString(q.comm), Cgroup: q.cgroup, Src: q.key.src.String(), Dst: q.key.dst.String(),
+		NodeNetNS: q.nodeNS, Tier: tierOf(q), Lost: []Packet{},
+	}
+	if race != "" {
+		inc.Race = &race
+	}
+	return inc
+}
+
+func tierOf(q *query) string {
+	if q.tier == event.TierNone {
+		return event.TierTracepoint.String()
+	}
+	return q.tier.String()
+}
+
+// rescued emits a clash_resolved incident: a race the kernel resolved
+// without losing the packet.
+func (c *Correlator) rescued(q *query, ns uint32, loser event.CT, t uint64) {
+	race, w := c.winnerOf(ns, loser, t)
+	if race == "" {
+		race = RaceSameTuple
+	}
+	inc := c.newIncident(q, CauseClashResolved, race)
+	inc.NodeNetNS = ns
+	zero := 0.0
+	inc.StallMs = &zero
+	if w != nil {
+		inc.Winner = c.flowOf(w)
+	}
+	c.attributed(ns).ClashResolve++
+	c.emit(inc, q)
+}
+
+func (c *Correlator) closeOpen(o *open, endNs uint64, retried bool) {
+	delete(c.opens, o.key)
+	inc := o.inc
+	inc.Retried = retried
+	if retried {
+		ms := float64(endNs-o.firstNs) / 1e6
+		inc.StallMs = &ms
+	}
+	first := o.queries[0]
+	if inc.Race == nil && first.race != "" {
+		r := first.race
+		inc.Race = &r
+	}
+	for _, q := range o.queries {
+		if q.winner != nil {
+			inc.Winner = q.winner
+			break
+		}
+	}
+	if inc.NodeNetNS == 0 {
+		inc.NodeNetNS = first.nodeNS
+	}
+	c.emit(inc, first)
+}
+
+func (c *Correlator) emit(inc *Incident, q *query) {
+	if s := c.sibling(q); s != nil {
+		inc.Sibling = s
+	}
+	if c.cfg.OnIncident != nil {
+		c.cfg.OnIncident(inc)
+	}
+}
+
+// sibling finds the other query of q's A/AAAA pair: sent on the same
+// socket within MinRetryGap.
+func (c *Correlator) sibling(q *query) *Sibling {
+	for _, other := range c.order {
+		if other == q || other.key.netns != q.key.netns || other.key.src != q.key.src ||
+			other.key.dst != q.key.dst || other.key.qtype == q.key.qtype || other.name != q.name {
+			continue
+		}
+		gap := int64(other.sentNs) - int64(q.sentNs)
+		if gap < 0 {
+			gap = -gap
+		}
+		if gap > int64(c.cfg.MinRetryGap) {
+			continue
+		}
+		return &Sibling{
+			QType: qtypeName(other.key.qtype), ID: other.key.id, GapUs: float64(gap) / 1e3,
+			CPUs: [2]int{int(q.cpu), int(other.cpu)}, Answered: other.state == stateAnswered,
+			Lost: other.state == stateLost,
+		}
+	}
+	return nil
+}
+
+// expire declares old unanswered queries lost, closes stalls that saw no
+// retry, and forgets old state.
+func (c *Correlator) expire(now uint64) {
+	ttl := uint64(c.cfg.QueryTTL)
+	n := 0
+	for _, q := range c.order {
+		if q.sentNs+ttl > now {
+			c.order[n] = q
+			n++
+			continue
+		}
+		if q.state == statePending {
+			c.markLost(q, c.unansweredLoss(q))
+		}
+		c.forget(q)
+	}
+	clear(c.order[n:])
+	c.order = c.order[:n]
+	for _, o := range c.opens {
+		if o.firstNs+ttl <= now {
+			c.closeOpen(o, now, false)
+		}
+	}
+	// Confirmed-entry and dropped-ct memories only matter for a few
+	// seconds around a drop.
+	keep := c.ctOrder[:0]
+	for i := 0; i+1 < len(c.ctOrder); i += 2 {
+		rk, ok := c.ctOrder[i], c.ctOrder[i+1]
+		if s, found := c.byReply[rk]; found && s.timeNs+uint64(10*time.Second) > now {
+			keep = append(keep, rk, ok)
+			continue
+		}
+		delete(c.byReply, rk)
+		delete(c.byOrig, ok)
+	}
+	c.ctOrder = keep
+	for p, t := range c.dropped {
+		if t+uint64(10*time.Second) <= now {
+			delete(c.dropped, p)
+		}
+	}
+	for k := range c.counted {
+		if k.q.dead {
+			delete(c.counted, k)
+		}
+	}
+}
+
+func (c *Correlator) forget(q *query) {
+	if q.dead {
+		return
+	}
+	q.dead = true
+	if c.byKey[q.key] == q {
+		delete(c.byKey, q.key)
+	}
+	if k := (idKey{q.key.id, q.key.qtype, q.name}); c.byID[k] == q {
+		delete(c.byID, k)
+	}
+	if k := (sockKey{q.key.netns, q.key.src, q.key.dst}); c.bySock[k] == q {
+		delete(c.bySock, k)
+	}
+	if k := (event.Tuple{Src: q.key.src, Dst: q.key.dst, Proto: 17}); c.byTuple[k] == q {
+		delete(c.byTuple, k)
+	}
+	if q.ct.Ptr != 0 && c.byCT[q.ct.Ptr] == q {
+		delete(c.byCT, q.ct.Ptr)
+	}
+	for _, s := range q.skbs {
+		if c.bySkb[s] == q {
+			delete(c.bySkb, s)
+		}
+	}
+}
+
+func (c *Correlator) evictOldest() {
+	for len(c.order) > 0 && len(c.byKey) > c.cfg.MaxQueries {
+		q := c.order[0]
+		c.order = c.order[1:]
+		c.forget(q)
+		c.evicted++
+	}
+}
+
+// Close classifies every pending drop and closes every open stall (as not
+// retried). A query still waiting is lost only if its answer was seen
+// dropped or it has waited a whole resolver timeout by now (CLOCK_MONOTONIC
+// ns): otherwise the trace ended, not the wait. Call it once, at the end.
+func (c *Correlator) Close(now uint64) {
+	for _, d := range c.drops {
+		c.classify(d.ev)
+	}
+	c.drops = nil
+	for _, q := range c.order {
+		if q.state == statePending && !q.dead && (q.replyCause != "" || now >= q.sentNs+uint64(c.cfg.ResolverTimeout)) {
+			c.markLost(q, c.unansweredLoss(q))
+		}
+	}
+	end := max(now, c.lastNs)
+	for _, o := range c.opens {
+		c.closeOpen(o, end, false)
+	}
+}

@@ -1,0 +1,137 @@
+package correlate
+
+import (
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/dnsrace/dnsrace/internal/ctstats"
+)
+
+// Causes, stable names used in text and JSON output.
+const (
+	CauseInsertRace     = "insert_race"
+	CauseClashResolved  = "clash_resolved"
+	CauseTableFull      = "table_full"
+	CauseRuleDrop       = "rule_drop"
+	CauseReplyUnmatched = "reply_unmatched"
+	CauseRcvbufFull     = "rcvbuf_full"
+	CauseNoReply        = "no_reply"
+	// CauseLocalDrop: dropped on the node for another reason (the drop
+	// reason says which).
+	CauseLocalDrop = "local_drop"
+)
+
+// Causes lists every cause in a fixed order (for summaries and metrics).
+var Causes = []string{CauseInsertRace, CauseClashResolved, CauseTableFull, CauseRuleDrop,
+	CauseReplyUnmatched, CauseRcvbufFull, CauseNoReply, CauseLocalDrop}
+
+// Races.
+const (
+	RaceSameTuple  = "same_tuple"
+	RaceReplyClash = "reply_clash"
+)
+
+// Flow is one conntrack entry's tuples as "ip:port" strings.
+type Flow struct {
+	Src      string `json:"src"`
+	Dst      string `json:"dst"`
+	ReplySrc string `json:"reply_src,omitempty"`
+	ReplyDst string `json:"reply_dst,omitempty"`
+	// The query that created the entry, when the tracer saw it.
+	NetNS uint32 `json:"netns,omitempty"`
+	QName string `json:"qname,omitempty"`
+	QType string `json:"qtype,omitempty"`
+	Comm  string `json:"comm,omitempty"`
+	PID   uint32 `json:"pid,omitempty"`
+}
+
+// Packet is one lost DNS query (or its lost answer) of an incident.
+type Packet struct {
+	QType    string `json:"qtype"`
+	ID       uint16 `json:"id"`
+	Cause    string `json:"cause"`
+	Race     string `json:"race,omitempty"`
+	Reason   string `json:"reason,omitempty"`   // skb drop reason
+	Location string `json:"location,omitempty"` // where the skb was freed
+	NetNS    uint32 `json:"netns,omitempty"`    // namespace of the drop
+	CPU      uint16 `json:"cpu"`
+	SentNs   uint64 `json:"-"`
+}
+
+// Sibling is the other query of an A/AAAA pair sent on the same 5-tuple.
+type Sibling struct {
+	QType    string  `json:"qtype"`
+	ID       uint16  `json:"id"`
+	GapUs    float64 `json:"gap_us"` // send time difference
+	CPUs     [2]int  `json:"cpus"`   // CPU of the lost query, of the sibling
+	Answered bool    `json:"answered"`
+	Lost     bool    `json:"lost"`
+}
+
+// Incident is one resolver timeout waited out (or one race the kernel
+// rescued, cause clash_resolved, with no stall).
+type Incident struct {
+	Type    string    `json:"type"` // "incident"
+	ID      uint64    `json:"id"`
+	Time    time.Time `json:"time"` // when the first lost query was sent
+	Cause   string    `json:"cause"`
+	Race    *string   `json:"race"`
+	QName   string    `json:"qname"`
+	QType   string    `json:"qtype"`
+	NetNS   uint32    `json:"netns"`
+	PID     uint32    `json:"pid,omitempty"`
+	Comm    string    `json:"comm,omitempty"`
+	Cgroup  uint64    `json:"cgroup,omitempty"`
+	Src     string    `json:"src"`
+	Dst     string    `json:"dst"`
+	StallMs *float64  `json:"stall_ms"`
+	// Retried is true when the resolver's retry was seen (it closed the
+	// stall); false when the incident expired without one.
+	Retried   bool     `json:"retried"`
+	NodeNetNS uint32   `json:"node_netns,omitempty"`
+	Lost      []Packet `json:"lost"`
+	Sibling   *Sibling `json:"sibling"`
+	Winner    *Flow    `json:"winner"`
+	Tier      string   `json:"tier"`
+	// Pod attribution, filled by the caller when known.
+	Pod       string `json:"pod,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
+	Container string `json:"container,omitempty"`
+}
+
+// Attributed counts the packets dnsrace explained, in the kernel's counter
+// names, so each compares with the kernel's own delta.
+type Attributed struct {
+	InsertFailed uint64 `json:"insert_failed"`
+	Drop         uint64 `json:"drop"`
+	EarlyDrop    uint64 `json:"early_drop"`
+	ClashResolve uint64 `json:"clash_resolve"`
+}
+
+// CounterSource gives the kernel's conntrack counters of a namespace,
+// as deltas since tracing began there.
+type CounterSource interface {
+	Delta(netns uint32) (ctstats.Counters, bool)
+}
+
+func qtypeName(t uint16) string {
+	if s, ok := dns.TypeToString[t]; ok {
+		return s
+	}
+	return "TYPE" + itoa(int(t))
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var b [20]byte
+	i := len(b)
+	for n > 0 {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return string(b[i:])
+}

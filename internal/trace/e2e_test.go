@@ -1,0 +1,227 @@
+package trace
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/dnsrace/dnsrace/internal/correlate"
+	"github.com/dnsrace/dnsrace/internal/event"
+	"github.com/dnsrace/dnsrace/internal/lab"
+	"github.com/dnsrace/dnsrace/internal/nsutil"
+	"github.com/dnsrace/dnsrace/internal/probe"
+	"github.com/dnsrace/dnsrace/internal/testutil"
+)
+
+func TestMain(m *testing.M) {
+	nsutil.MaybeExecHelper()
+	os.Exit(m.Run())
+}
+
+// tier is the attach tier under test: DNSRACE_TEST_TIER (the VM harness
+// sets it), default tracepoint, which works on every kernel dnsrace runs on.
+func tier(t *testing.T) event.Tier {
+	s := os.Getenv("DNSRACE_TEST_TIER")
+	if s == "" {
+		return event.TierTracepoint
+	}
+	tr, err := event.ParseTier(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+type traced struct {
+	rep       *lab.Report
+	sum       *Summary
+	incidents []*correlate.Incident
+	pods      map[uint32]int // pod netns inode -> pod index
+	text      string
+	// node is the reconciliation of the lab's node namespace, where NAT
+	// and conntrack happen.
+	node NamespaceSummary
+}
+
+func (tr *traced) count(cause string) int { return len(tr.byCause(cause)) }
+
+// traceScenario runs a lab scenario with a tracing session attached.
+func traceScenario(t *testing.T, name string) *traced {
+	t.Helper()
+	testutil.RequireRoot(t)
+	sc, err := lab.LookupScenario(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu  sync.Mutex
+		out bytes.Buffer
+		tr  = &traced{pods: map[uint32]int{}}
+		s   *Session
+	)
+	want := tier(t)
+	rep, err := lab.Run(context.Background(), lab.RunConfig{
+		Prefix: "dnsrace-tt",
+		Drive:  lab.DriveConfig{Scenario: sc},
+		OnUp: func(l *lab.Lab) error {
+			for i := 0; i < l.Topology.Pods; i++ {
+				ino, err := nsutil.Inode(l.Topology.PodNS(i))
+				if err != nil {
+					return err
+				}
+				tr.pods[ino] = i
+			}
+			var err error
+			s, err = Start(Options{
+				Probe: probe.Options{Attach: want},
+				Out:   &out,
+				OnIncident: func(inc *correlate.Incident) {
+					mu.Lock()
+					defer mu.Unlock()
+					// Other namespaces on the machine may have DNS
+					// traffic too: keep the lab's pods' only.
+					if _, ours := tr.pods[inc.NetNS]; ours {
+						tr.incidents = append(tr.incidents, inc)
+					}
+				},
+			})
+			return err
+		},
+	})
+	if s != nil && tr.sum == nil {
+		tr.sum = s.Stop()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.rep = rep
+	tr.text = out.String()
+	for _, n := range tr.sum.Namespaces {
+		if n.NetNS == rep.NodeNetNS {
+			tr.node = n
+		}
+	}
+	// The tier that was asked for must be the one that traced.
+	for _, p := range tr.sum.Probes {
+		if p.Hook == "nf_conntrack_confirm" && want != event.TierTracepoint && (!p.Attached || p.Tier != want.String()) {
+			t.Fatalf("confirm hook: tier %s attached=%v, want %s", p.Tier, p.Attached, want)
+		}
+	}
+	t.Logf("lab: lookups %d stalls %d timeouts %d lost %d conntrack %+v", rep.Lookups, rep.Stalls, rep.StallTimeout, rep.LostReplies, rep.Conntrack)
+	t.Logf("trace: %d incidents in the lab's pods; node kernel %+v attributed %+v; events lost %d", len(tr.incidents), tr.node.Kernel, tr.node.Attributed, tr.sum.EventsLost)
+	if tr.node.NetNS == 0 {
+		t.Errorf("no reconciliation for the node namespace %d", rep.NodeNetNS)
+	}
+	// Only the lab drives the node's conntrack: the kernel's counters and
+	// what the tracer saw of them must agree with the lab's own reading.
+	if tr.node.Kernel.InsertFailed != rep.Conntrack.InsertFailed || tr.node.Kernel.ClashResolve != rep.Conntrack.ClashResolve {
+		t.Errorf("tracer read node counters %+v, the lab measured %+v", tr.node.Kernel, rep.Conntrack)
+	}
+	// Every scenario: what was attributed equals what the kernel counted.
+	k, a := tr.node.Kernel, tr.node.Attributed
+	if k.InsertFailed != a.InsertFailed || k.Drop != a.Drop || k.ClashResolve != a.ClashResolve {
+		t.Errorf("reconciliation: kernel insert_failed/drop/clash_resolve %d/%d/%d, attributed %d/%d/%d",
+			k.InsertFailed, k.Drop, k.ClashResolve, a.InsertFailed, a.Drop, a.ClashResolve)
+	}
+	if tr.sum.EventsLost != 0 {
+		t.Errorf("%d events lost", tr.sum.EventsLost)
+	}
+	return tr
+}
+
+func (tr *traced) byCause(cause string) []*correlate.Incident {
+	var out []*correlate.Incident
+	for _, inc := range tr.incidents {
+		if inc.Cause == cause {
+			out = append(out, inc)
+		}
+	}
+	return out
+}
+
+// checkStalls: every timeout the clients waited out has exactly one
+// incident of the expected cause, in the right pod, for the pod's name.
+func (tr *traced) checkStalls(t *testing.T, cause string) {
+	t.Helper()
+	got := tr.byCause(cause)
+	if len(got) != tr.rep.StallTimeout {
+		t.Errorf("%d %s incidents, clients waited out %d timeouts (%d stalled lookups)\n%s", len(got), cause, tr.rep.StallTimeout, tr.rep.Stalls, tr.text)
+	}
+	for _, inc := range got {
+		pod, ok := tr.pods[inc.NetNS]
+		if !ok {
+			t.Errorf("incident %d in netns %d, not a pod's", inc.ID, inc.NetNS)
+			continue
+		}
+		if want := strings.TrimSuffix(lab.QName(pod), "."); inc.QName != want {
+			t.Errorf("incident %d: qname %q, want %q", inc.ID, inc.QName, want)
+		}
+		if inc.QType != "A" && inc.QType != "AAAA" {
+			t.Errorf("incident %d: qtype %q", inc.ID, inc.QType)
+		}
+	}
+	for _, c := range correlate.Causes {
+		if n := tr.count(c); c != cause && c != correlate.CauseClashResolved && n > 0 {
+			t.Errorf("%d incidents of cause %s, want only %s\n%s", n, c, cause, tr.text)
+		}
+	}
+	if cause != correlate.CauseInsertRace && tr.count(correlate.CauseInsertRace) > 0 {
+		t.Errorf("%s scenario attributed to insert_race", cause)
+	}
+}
+
+func TestTraceSNATPort(t *testing.T) {
+	tr := traceScenario(t, "snat-port")
+	if tr.rep.Stalls == 0 {
+		t.Fatal("the lab produced no stall: nothing to attribute")
+	}
+	tr.checkStalls(t, correlate.CauseInsertRace)
+	for _, inc := range tr.byCause(correlate.CauseInsertRace) {
+		if inc.Race == nil || *inc.Race != correlate.RaceReplyClash {
+			t.Errorf("incident %d: race %v, want reply_clash", inc.ID, inc.Race)
+		}
+	}
+	if tr.node.Attributed.InsertFailed != tr.node.Kernel.InsertFailed || tr.node.Kernel.InsertFailed == 0 {
+		t.Errorf("attributed insert_failed %d, kernel %d", tr.node.Attributed.InsertFailed, tr.node.Kernel.InsertFailed)
+	}
+}
+
+func TestTraceSameTuple(t *testing.T) {
+	tr := traceScenario(t, "same-tuple")
+	got := tr.count(correlate.CauseClashResolved)
+	if uint64(got) != tr.node.Kernel.ClashResolve || got == 0 {
+		t.Errorf("%d clash_resolved incidents, kernel clash_resolve %d", got, tr.node.Kernel.ClashResolve)
+	}
+	if tr.node.Attributed.ClashResolve != tr.node.Kernel.ClashResolve {
+		t.Errorf("attributed clash_resolve %d, kernel %d", tr.node.Attributed.ClashResolve, tr.node.Kernel.ClashResolve)
+	}
+	if n := len(tr.byCause(correlate.CauseInsertRace)); n != 0 {
+		t.Errorf("%d insert_race incidents, want 0", n)
+	}
+}
+
+func TestTraceRuleDrop(t *testing.T) {
+	tr := traceScenario(t, "rule-drop")
+	tr.checkStalls(t, correlate.CauseRuleDrop)
+}
+
+func TestTraceTableFull(t *testing.T) {
+	tr := traceScenario(t, "table-full")
+	tr.checkStalls(t, correlate.CauseTableFull)
+	if tr.node.Attributed.Drop != tr.node.Kernel.Drop {
+		t.Errorf("attributed drop %d, kernel %d", tr.node.Attributed.Drop, tr.node.Kernel.Drop)
+	}
+}
+
+func TestTraceWrongSource(t *testing.T) {
+	tr := traceScenario(t, "wrong-source")
+	tr.checkStalls(t, correlate.CauseReplyUnmatched)
+}
+
+func TestTraceUpstreamLoss(t *testing.T) {
+	tr := traceScenario(t, "upstream-loss")
+	tr.checkStalls(t, correlate.CauseNoReply)
+}
