@@ -154,6 +154,12 @@ func checkKubeProxy(ctx context.Context, e *env) Result {
 		r.Evidence = append(r.Evidence, "NOTRACK: "+n)
 	}
 
+	// IPVS mode keeps conntrack in the path too (kernel.md §7): it rewrites
+	// the reply tuple without NAT status bits, so before 6.12 clashing
+	// entries merge even when IPVS picked different real servers.
+	if _, err := os.Lstat(e.hostPath("/sys/class/net/kube-ipvs0")); err == nil {
+		r.Evidence = append(r.Evidence, "/sys/class/net/kube-ipvs0: kube-proxy runs in IPVS mode (conntrack still sees every DNS packet; see kernel-fix for the IPVS merge caveat before 6.12)")
+	}
 	var dnsLB []lbChain
 	others := 0
 	for _, lb := range f.LB {
