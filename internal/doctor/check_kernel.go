@@ -78,12 +78,9 @@ func checkKernel(_ context.Context, e *env) Result {
 	}
 
 	if relErr != nil {
-		if f.StatusEnumSeen {
-			// BTF decides the classes; the release only labels them.
-			r.Evidence = append(r.Evidence, relErr.Error())
-		} else {
-			probs.addf("%v", relErr)
-		}
+		// BTF can still prove a fail, but the classes BTF does not cover
+		// (reverse collisions) would be guessed: no ok without a release.
+		probs.addf("%v", relErr)
 	}
 	if !f.VersionOK && !f.StatusEnumSeen {
 		return Result{Verdict: Skip, Reason: strings.Join(append(probs, "neither a kernel release nor conntrack BTF to classify by"), "; "),
@@ -109,7 +106,7 @@ func checkKernel(_ context.Context, e *env) Result {
 	diff := a.Class(kernelfix.SameTupleDiffDNAT)
 	same := a.Class(kernelfix.SameTupleSameDNAT)
 	ver := f.Release
-	if ver == "" {
+	if !f.VersionOK {
 		ver = "this kernel"
 	}
 	switch {

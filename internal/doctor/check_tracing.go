@@ -187,30 +187,37 @@ func checkTracing(_ context.Context, e *env) Result {
 		r.Evidence = append(r.Evidence, "fentry and tp_btf trial loads skipped: not live (--root without --live)")
 	}
 
+	// dnsrace trace (internal/probe) attaches its tracepoint hooks with
+	// tp_btf programs and relocates with CO-RE, so kernel BTF is required
+	// whatever tier the confirm/clash hooks get; those use fentry/fexit,
+	// else kprobe/kretprobe, else nothing (tracepoint-only).
 	switch {
+	case !btfOK && release == "" && kprobes == "unknown":
+		return Result{Verdict: Skip, Evidence: r.Evidence,
+			Reason: "nothing under the root describes the kernel (no osrelease, BTF, config or tracefs)"}
+	case !btfOK:
+		r.Verdict = Fail
+		r.Summary = fmt.Sprintf("dnsrace trace cannot run here: no kernel BTF for its tp_btf hooks and CO-RE (kprobes %s)", kprobes)
+		r.Fix = "use a kernel built with CONFIG_DEBUG_INFO_BTF=y (/sys/kernel/btf/vmlinux), or give dnsrace trace an external BTF file for this exact kernel"
+	case tpbtf == "no":
+		r.Verdict = Fail
+		r.Summary = "dnsrace trace cannot run here: tp_btf programs are refused"
+		r.Fix = "check the BPF LSM policy and kernel.unprivileged_bpf_disabled; run as root with CAP_BPF and CAP_PERFMON"
 	case fentry == "yes":
 		r.Verdict, r.Summary = OK, "dnsrace trace gets the fentry/fexit tier (per-packet clash outcome on __nf_conntrack_confirm)"
 	case kprobes == "yes" && fentry == "no":
-		why := "fentry refused"
-		if !btfOK {
-			why = "no BTF for fentry"
-		}
-		r.Verdict, r.Summary = OK, "dnsrace trace gets the kprobe tier ("+why+"; kretprobe on __nf_conntrack_confirm)"
-	case fentry == "unknown" && (btfOK || kprobes == "yes"):
-		// Not live: say what the files allow and stop short of ok.
+		r.Verdict, r.Summary = OK, "dnsrace trace gets the kprobe tier (fentry refused; kretprobe on __nf_conntrack_confirm)"
+	case kprobes == "yes":
+		// Files only: BTF and kprobes are there; whether fentry loads
+		// needs a trial on the node.
+		r.Verdict, r.Summary = OK, "dnsrace trace gets the kprobe tier or better (BTF and CONFIG_KPROBES present; fentry needs a trial load: --live)"
+	case fentry == "unknown":
 		return Result{Verdict: Skip, Evidence: r.Evidence,
-			Reason: fmt.Sprintf("tier needs a live trial load (BTF %v, kprobes %s): rerun with --live on the node", btfOK, kprobes)}
-	case btfOK || tpbtf == "yes":
-		r.Verdict = Warn
-		r.Summary = fmt.Sprintf("dnsrace trace falls back to the tracepoint tier (fentry %s, kprobes %s): drops seen at skb:kfree_skb, race class from per-CPU counters", fentry, kprobes)
-		r.Fix = "for per-packet clash attribution run on a kernel that allows fentry (BTF + BPF LSM/lockdown permitting) or has CONFIG_KPROBES=y; the tracepoint tier still counts every loss"
-	case kprobes == "unknown":
-		return Result{Verdict: Skip, Evidence: r.Evidence,
-			Reason: "no vmlinux BTF, and neither the kernel config nor tracefs tells whether kprobes exist"}
+			Reason: fmt.Sprintf("the tier needs a live trial load (BTF present, kprobes %s): rerun with --live on the node", kprobes)}
 	default:
-		r.Verdict = Fail
-		r.Summary = "dnsrace trace cannot attach here: no BTF, no kprobes"
-		r.Fix = "use a kernel with CONFIG_DEBUG_INFO_BTF=y (/sys/kernel/btf/vmlinux) or CONFIG_KPROBES=y"
+		r.Verdict = Warn
+		r.Summary = fmt.Sprintf("dnsrace trace runs in the tracepoint tier only (fentry refused, kprobes %s): drops seen at skb:kfree_skb, race class from per-CPU counters", kprobes)
+		r.Fix = "for per-packet clash attribution run on a kernel that loads fentry programs (BPF LSM and lockdown permitting) or has CONFIG_KPROBES=y; the tracepoint tier still counts every loss"
 	}
 	return r
 }

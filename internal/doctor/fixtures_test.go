@@ -73,7 +73,7 @@ func TestFlatcarAzureBridge(t *testing.T) {
 		"nat/KUBE-POSTROUTING MASQUERADE without --random-fully")
 	wantVerdict(t, rs, "pod-resolvers", Warn, "2 musl container(s) rely on single-request-reopen, which musl ignores",
 		"pid 1234 (nginx), pid 3456 (traefik)", "glibc, nameserver 10.0.0.10, options ndots:5")
-	wantVerdict(t, rs, "tracing", OK, "kprobe tier", "CONFIG_KPROBES=y")
+	wantVerdict(t, rs, "tracing", Fail, "no kernel BTF", "CONFIG_KPROBES=y", "/sys/kernel/btf/vmlinux: absent")
 }
 
 func TestHealthy(t *testing.T) {
@@ -87,6 +87,8 @@ func TestHealthy(t *testing.T) {
 	wantVerdict(t, rs, "bridge-takeover", OK, "mode=transparent", "uplink eth0")
 	wantVerdict(t, rs, "kube-proxy", OK, "NodeLocal DNSCache", "MASQUERADE fully random")
 	wantVerdict(t, rs, "conntrack", OK, "clash_resolve=25")
+	wantVerdict(t, rs, "kernel-fix", OK, "[BTF: enum ip_conntrack_status has IPS_NAT_CLASH_BIT]", "clash_resolve counter available")
+	wantVerdict(t, rs, "tracing", OK, "kprobe tier or better")
 	rep, _ := Run(context.Background(), Config{Root: "testdata/healthy"})
 	if rep.Exit != 0 {
 		t.Errorf("exit %d", rep.Exit)
