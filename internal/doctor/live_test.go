@@ -98,7 +98,11 @@ func labTopology(t *testing.T) (string, string) {
 	sh(t, "", "ip", "-n", node, "link", "set", "n1", "up")
 	sh(t, "", "ip", "-n", node, "link", "set", "n1p", "up")
 	sh(t, "", "ip", "-n", node, "neigh", "add", "10.250.1.2", "lladdr", "02:00:00:00:01:02", "dev", "n1")
-	sh(t, "", "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	if err := inNetNS(nodePath, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644)
+	}); err != nil {
+		t.Fatalf("enabling forwarding in the node namespace: %v", err)
+	}
 	sh(t, labRuleset, "ip", "netns", "exec", node, "nft", "-f", "-")
 	return nodePath, podPath
 }
