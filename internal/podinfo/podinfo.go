@@ -1,0 +1,357 @@
+package podinfo
+
+import (
+	"bufio"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Pod is what is known of the sender of a query.
+type Pod struct {
+	Namespace   string `json:"namespace,omitempty"`
+	Name        string `json:"name,omitempty"`
+	UID         string `json:"uid,omitempty"`
+	Container   string `json:"container,omitempty"`
+	ContainerID string `json:"container_id,omitempty"`
+	// Host: the host's network namespace, and no pod cgroup found.
+	Host bool `json:"host,omitempty"`
+	// PID and Comm of the process that resolved it (host: the sender).
+	PID  uint32 `json:"pid,omitempty"`
+	Comm string `json:"comm,omitempty"`
+}
+
+// Known reports whether p names a pod or the host.
+func (p Pod) Known() bool { return p.UID != "" || p.Host }
+
+// Config says where the node's files are.
+type Config struct {
+	// ProcRoot is the host's /proc (default /proc).
+	ProcRoot string
+	// Root prefixes /var/log/pods and /var/log/containers (default "").
+	Root string
+	// CgroupRoot is the cgroup v2 mount (default: ROOT/sys/fs/cgroup when
+	// it is cgroup2, else ROOT/sys/fs/cgroup/unified).
+	CgroupRoot string
+	// TTL of cached answers and of rescans (default 10 s).
+	TTL time.Duration
+}
+
+// Resolver answers lookups; it is safe for concurrent use.
+type Resolver struct {
+	cfg Config
+
+	mu        sync.Mutex
+	byNetNS   map[uint32]cached
+	byPID     map[uint32]cached
+	byCgroup  map[uint64]cached
+	cgPaths   map[uint64]string // cgroup id -> path relative to CgroupRoot
+	cgScanned time.Time
+	pods      map[string][2]string // uid -> namespace, name
+	ctrs      map[string]string    // container id -> container name
+	logsRead  time.Time
+	hostNetNS uint32
+	now       func() time.Time
+}
+
+type cached struct {
+	pod Pod
+	ok  bool
+	at  time.Time
+}
+
+// New returns a resolver over cfg.
+func New(cfg Config) *Resolver {
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = 10 * time.Second
+	}
+	if cfg.CgroupRoot == "" {
+		cfg.CgroupRoot = findCgroup2(cfg.Root)
+	}
+	r := &Resolver{cfg: cfg, byNetNS: map[uint32]cached{}, byPID: map[uint32]cached{},
+		byCgroup: map[uint64]cached{}, cgPaths: map[uint64]string{}, now: time.Now}
+	var ok bool
+	if r.hostNetNS, ok = inode(filepath.Join(cfg.ProcRoot, "1/ns/net")); !ok && cfg.ProcRoot == "/proc" {
+		// PID 1 is not ours to read (a sandbox): take our own namespace
+		// as the host's.
+		r.hostNetNS, _ = inode("/proc/self/ns/net")
+	}
+	return r
+}
+
+// findCgroup2 returns where cgroup v2 is mounted under root: the unified
+// hierarchy itself, or the hybrid layout's /sys/fs/cgroup/unified.
+func findCgroup2(root string) string {
+	for _, p := range []string{"sys/fs/cgroup", "sys/fs/cgroup/unified"} {
+		dir := filepath.Join("/", root, p)
+		var st unix.Statfs_t
+		if unix.Statfs(dir, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			return dir
+		}
+	}
+	return filepath.Join("/", root, "sys/fs/cgroup")
+}
+
+// CgroupRoot is the cgroup v2 directory the resolver reads.
+func (r *Resolver) CgroupRoot() string { return r.cfg.CgroupRoot }
+
+// Lookup names the pod behind a query: by its cgroup id, then its pid,
+// then its network namespace (any may be zero).
+func (r *Resolver) Lookup(netns, pid uint32, cgroup uint64) (Pod, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cgroup != 0 {
+		if p, ok := r.cgroupLocked(cgroup); ok {
+			return p, true
+		}
+	}
+	if pid != 0 {
+		if p, ok := r.pidLocked(pid, netns); ok {
+			return p, true
+		}
+	}
+	if netns != 0 {
+		return r.netnsLocked(netns)
+	}
+	return Pod{}, false
+}
+
+// ByNetNS names the pod that owns a network namespace.
+func (r *Resolver) ByNetNS(netns uint32) (Pod, bool) { return r.Lookup(netns, 0, 0) }
+
+// ByPID names the pod of a process.
+func (r *Resolver) ByPID(pid uint32) (Pod, bool) { return r.Lookup(0, pid, 0) }
+
+// ByCgroup names the pod of a cgroup v2 id.
+func (r *Resolver) ByCgroup(id uint64) (Pod, bool) { return r.Lookup(0, 0, id) }
+
+func (r *Resolver) fresh(c cached, ok bool) bool {
+	return ok && r.now().Sub(c.at) < r.cfg.TTL
+}
+
+func (r *Resolver) cgroupLocked(id uint64) (Pod, bool) {
+	if c, ok := r.byCgroup[id]; r.fresh(c, ok) {
+		return c.pod, c.ok
+	}
+	path, ok := r.cgPaths[id]
+	if !ok && r.now().Sub(r.cgScanned) >= r.cfg.TTL {
+		r.scanCgroups()
+		path, ok = r.cgPaths[id]
+	}
+	var p Pod
+	if ok {
+		p, ok = r.fromCgroupPath(path)
+	}
+	r.byCgroup[id] = cached{p, ok, r.now()}
+	return p, ok
+}
+
+func (r *Resolver) pidLocked(pid, netns uint32) (Pod, bool) {
+	if c, ok := r.byPID[pid]; r.fresh(c, ok) {
+		return c.pod, c.ok
+	}
+	p, ok := r.fromPID(pid)
+	if !ok && netns != 0 && netns == r.hostNetNS {
+		p, ok = Pod{Host: true, PID: pid, Comm: r.comm(pid)}, true
+	}
+	// A process that is gone answers nothing: do not cache that.
+	if ok {
+		r.byPID[pid] = cached{p, ok, r.now()}
+	}
+	return p, ok
+}
+
+func (r *Resolver) netnsLocked(netns uint32) (Pod, bool) {
+	if c, ok := r.byNetNS[netns]; r.fresh(c, ok) {
+		return c.pod, c.ok
+	}
+	var p Pod
+	ok := false
+	for _, pid := range r.pidsIn(netns) {
+		if p, ok = r.fromPID(pid); ok {
+			break
+		}
+	}
+	if !ok && netns == r.hostNetNS && r.hostNetNS != 0 {
+		p, ok = Pod{Host: true}, true
+	}
+	r.byNetNS[netns] = cached{p, ok, r.now()}
+	return p, ok
+}
+
+// pidsIn lists the processes whose network namespace is netns.
+func (r *Resolver) pidsIn(netns uint32) []uint32 {
+	ents, err := os.ReadDir(r.cfg.ProcRoot)
+	if err != nil {
+		return nil
+	}
+	var out []uint32
+	for _, e := range ents {
+		n, err := strconv.ParseUint(e.Name(), 10, 32)
+		if err != nil {
+			continue
+		}
+		if ino, ok := inode(filepath.Join(r.cfg.ProcRoot, e.Name(), "ns/net")); ok && ino == netns {
+			out = append(out, uint32(n))
+		}
+	}
+	return out
+}
+
+func (r *Resolver) comm(pid uint32) string {
+	b, err := os.ReadFile(filepath.Join(r.cfg.ProcRoot, strconv.FormatUint(uint64(pid), 10), "comm"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// fromPID reads a process's cgroup file and parses the kubelet's names.
+func (r *Resolver) fromPID(pid uint32) (Pod, bool) {
+	f, err := os.Open(filepath.Join(r.cfg.ProcRoot, strconv.FormatUint(uint64(pid), 10), "cgroup"))
+	if err != nil {
+		return Pod{}, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// hierarchy-ID:controllers:path; v2 is "0::path". Any hierarchy
+		// names the pod the same way.
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if p, ok := r.fromCgroupPath(parts[2]); ok {
+			p.PID, p.Comm = pid, r.comm(pid)
+			return p, true
+		}
+	}
+	return Pod{}, false
+}
+
+var (
+	// kubepods-burstable-pod0a1b_2c3d.slice (systemd) or pod0a1b-2c3d
+	// (cgroupfs).
+	podRE = regexp.MustCompile(`(?:^|/)(?:kubepods(?:-[a-z]+)*-)?pod([0-9a-fA-F][0-9a-fA-F_-]{7,})(?:\.slice)?(?:/|$)`)
+	// cri-containerd-<id>.scope, crio-<id>.scope, docker-<id>.scope, or
+	// a bare <id> (cgroupfs).
+	ctrRE = regexp.MustCompile(`^(?:(?:cri-containerd|crio|docker|containerd)-)?([0-9a-f]{64})(?:\.scope)?$`)
+)
+
+// ParseCgroupPath extracts the pod UID and container ID from a cgroup path
+// in any of the kubelet's layouts; ok is false when it names no pod.
+func ParseCgroupPath(path string) (uid, containerID string, ok bool) {
+	if !strings.Contains(path, "kubepods") {
+		return "", "", false
+	}
+	m := podRE.FindStringSubmatch(path)
+	if m == nil {
+		return "", "", false
+	}
+	uid = strings.ReplaceAll(m[1], "_", "-")
+	if c := ctrRE.FindStringSubmatch(filepath.Base(path)); c != nil {
+		containerID = c[1]
+	}
+	return uid, containerID, true
+}
+
+func (r *Resolver) fromCgroupPath(path string) (Pod, bool) {
+	uid, cid, ok := ParseCgroupPath(path)
+	if !ok {
+		return Pod{}, false
+	}
+	p := Pod{UID: uid, ContainerID: cid}
+	r.name(&p)
+	return p, true
+}
+
+// name fills namespace, name and container from the kubelet's log
+// folders, reread at most once per TTL when something is missing.
+func (r *Resolver) name(p *Pod) {
+	fill := func() bool {
+		nn, ok := r.pods[p.UID]
+		if ok {
+			p.Namespace, p.Name = nn[0], nn[1]
+		}
+		if p.ContainerID != "" {
+			p.Container = r.ctrs[p.ContainerID]
+		}
+		return ok && (p.ContainerID == "" || p.Container != "")
+	}
+	if fill() || (r.pods != nil && r.now().Sub(r.logsRead) < r.cfg.TTL) {
+		return
+	}
+	r.readLogs()
+	fill()
+}
+
+func (r *Resolver) readLogs() {
+	r.logsRead = r.now()
+	r.pods, r.ctrs = map[string][2]string{}, map[string]string{}
+	base := filepath.Join("/", r.cfg.Root, "var/log")
+	if ents, err := os.ReadDir(filepath.Join(base, "pods")); err == nil {
+		for _, e := range ents {
+			// <namespace>_<name>_<uid>: namespaces and names cannot hold
+			// '_', so the split is unambiguous.
+			f := strings.Split(e.Name(), "_")
+			if len(f) == 3 {
+				r.pods[f[2]] = [2]string{f[0], f[1]}
+			}
+		}
+	}
+	if ents, err := os.ReadDir(filepath.Join(base, "containers")); err == nil {
+		for _, e := range ents {
+			// <pod>_<namespace>_<container>-<64 hex id>.log
+			n := strings.TrimSuffix(e.Name(), ".log")
+			if len(n) < 66 || n[len(n)-65] != '-' {
+				continue
+			}
+			id := n[len(n)-64:]
+			f := strings.Split(n[:len(n)-65], "_")
+			if len(f) == 3 {
+				r.ctrs[id] = f[2]
+			}
+		}
+	}
+}
+
+// scanCgroups maps every cgroup v2 directory's inode (its cgroup id) to
+// its path below the kubepods hierarchy.
+func (r *Resolver) scanCgroups() {
+	r.cgScanned = r.now()
+	root := r.cfg.CgroupRoot
+	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		rel := strings.TrimPrefix(p, root)
+		// Only the pod hierarchy matters: skip the rest of the tree.
+		if rel != "" && !strings.Contains(rel, "kubepods") {
+			return fs.SkipDir
+		}
+		var st syscall.Stat_t
+		if syscall.Stat(p, &st) == nil {
+			r.cgPaths[st.Ino] = rel
+		}
+		return nil
+	})
+}
+
+func inode(path string) (uint32, bool) {
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) != nil {
+		return 0, false
+	}
+	return uint32(st.Ino), true
+}

@@ -1,0 +1,182 @@
+package podinfo_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dnsrace/dnsrace/internal/podinfo"
+	"github.com/dnsrace/dnsrace/internal/podinfo/podtest"
+	"github.com/dnsrace/dnsrace/internal/testutil"
+)
+
+func TestParseCgroupPath(t *testing.T) {
+	id := "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	for _, c := range []struct {
+		path, uid, cid string
+		ok             bool
+	}{
+		{"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_0000_1111_2222_333344445555.slice/cri-containerd-" + id + ".scope",
+			"1a2b3c4d-0000-1111-2222-333344445555", id, true},
+		{"/kubepods.slice/kubepods-pod1a2b3c4d_0000_1111_2222_333344445555.slice/crio-" + id + ".scope",
+			"1a2b3c4d-0000-1111-2222-333344445555", id, true},
+		{"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1a2b3c4d_0000_1111_2222_333344445555.slice/docker-" + id + ".scope",
+			"1a2b3c4d-0000-1111-2222-333344445555", id, true},
+		{"/kubepods/burstable/pod1a2b3c4d-0000-1111-2222-333344445555/" + id,
+			"1a2b3c4d-0000-1111-2222-333344445555", id, true},
+		{"/kubepods/pod1a2b3c4d-0000-1111-2222-333344445555/" + id,
+			"1a2b3c4d-0000-1111-2222-333344445555", id, true},
+		// The pod's own slice: the pod, no container.
+		{"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_0000_1111_2222_333344445555.slice",
+			"1a2b3c4d-0000-1111-2222-333344445555", "", true},
+		{"/kubepods.slice/kubepods-burstable.slice", "", "", false},
+		{"/system.slice/containerd.service", "", "", false},
+		{"/user.slice/user-1000.slice/session-2.scope", "", "", false},
+		{"/", "", "", false},
+	} {
+		uid, cid, ok := podinfo.ParseCgroupPath(c.path)
+		if uid != c.uid || cid != c.cid || ok != c.ok {
+			t.Errorf("%s: got %q %q %v, want %q %q %v", c.path, uid, cid, ok, c.uid, c.cid, c.ok)
+		}
+	}
+}
+
+// TestFixtureProc resolves through a fixture /proc and log tree under
+// prefixes, as in a kubectl debug pod (/host/proc, /host).
+func TestFixtureProc(t *testing.T) {
+	root := t.TempDir()
+	proc := filepath.Join(root, "proc")
+	id := "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+	uid := "aaaabbbb-cccc-dddd-eeee-ffff00001111"
+	write := func(p, s string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// pid 4242: cgroupfs driver, v1 hierarchies only (an older node).
+	write(filepath.Join(proc, "4242/cgroup"), "12:pids:/kubepods/burstable/pod"+uid+"/"+id+"\n1:name=systemd:/kubepods/burstable/pod"+uid+"/"+id+"\n")
+	write(filepath.Join(proc, "4242/comm"), "coredns\n")
+	// pid 7: the host's own process.
+	write(filepath.Join(proc, "7/cgroup"), "0::/system.slice/kubelet.service\n")
+	write(filepath.Join(proc, "7/comm"), "kubelet\n")
+	if err := os.MkdirAll(filepath.Join(root, "var/log/pods/kube-system_coredns-5d78c9869d-x7k2p_"+uid+"/coredns"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(filepath.Join(root, "var/log/containers/coredns-5d78c9869d-x7k2p_kube-system_coredns-"+id+".log"), "")
+	// Both fixture processes point at real namespaces so inodes resolve:
+	// 4242 at this process's, and "1" makes that the host's.
+	for _, pid := range []string{"4242", "1"} {
+		if err := os.MkdirAll(filepath.Join(proc, pid, "ns"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("/proc/self/ns/net", filepath.Join(proc, pid, "ns/net")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := podinfo.New(podinfo.Config{ProcRoot: proc, Root: root, CgroupRoot: t.TempDir()})
+	p, ok := r.ByPID(4242)
+	want := podinfo.Pod{Namespace: "kube-system", Name: "coredns-5d78c9869d-x7k2p", UID: uid, Container: "coredns", ContainerID: id, PID: 4242, Comm: "coredns"}
+	if !ok || p != want {
+		t.Errorf("pid 4242: %+v %v, want %+v", p, ok, want)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat("/proc/self/ns/net", &st); err != nil {
+		t.Fatal(err)
+	}
+	// The namespace holds pid 4242, a pod's: it is the pod's even though
+	// it is also "pid 1's".
+	if p, ok := r.ByNetNS(uint32(st.Ino)); !ok || p.UID != uid {
+		t.Errorf("netns %d: %+v %v, want pod %s", st.Ino, p, ok, uid)
+	}
+	// A host process in the host namespace.
+	if p, ok := r.Lookup(uint32(st.Ino), 7, 0); !ok || !p.Host || p.Comm != "kubelet" || p.PID != 7 {
+		t.Errorf("host pid 7: %+v %v, want host kubelet[7]", p, ok)
+	}
+	if p, ok := r.ByPID(99999); ok {
+		t.Errorf("missing pid resolved to %+v", p)
+	}
+}
+
+// TestRealCgroup puts a process in its own network namespace into a cgroup
+// named as the kubelet names it, and resolves it by namespace, pid and
+// cgroup id, on the real kernel.
+func TestRealCgroup(t *testing.T) {
+	testutil.RequireRoot(t)
+	cgRoot := podinfo.New(podinfo.Config{}).CgroupRoot()
+	var sfs syscall.Statfs_t
+	if err := syscall.Statfs(cgRoot, &sfs); err != nil || sfs.Type != 0x63677270 {
+		testutil.SkipOrFail(t, "no cgroup v2 mount at "+cgRoot)
+	}
+	root := t.TempDir()
+	node, err := podtest.NewNode(cgRoot, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sleeper := exec.Command("sleep", "60")
+	sleeper.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = sleeper.Process.Kill()
+		_ = sleeper.Wait()
+		if err := node.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	pid := sleeper.Process.Pid
+	pod, err := node.AddPod("shop", "checkout-7f9c", "app", pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join("/proc", strconv.Itoa(pid), "ns/net"), &st); err != nil {
+		t.Fatal(err)
+	}
+	netns := uint32(st.Ino)
+	if err := syscall.Stat(pod.Cgroup, &st); err != nil {
+		t.Fatal(err)
+	}
+	cgid := st.Ino
+	r := podinfo.New(podinfo.Config{Root: root, CgroupRoot: cgRoot, TTL: time.Second})
+	want := podinfo.Pod{Namespace: "shop", Name: "checkout-7f9c", UID: pod.UID, Container: "app", ContainerID: pod.ContainerID}
+	check := func(how string, p podinfo.Pod, ok bool) {
+		t.Helper()
+		p.PID, p.Comm = 0, ""
+		if !ok || p != want {
+			t.Errorf("by %s: %+v %v, want %+v", how, p, ok, want)
+		}
+	}
+	p, ok := r.ByNetNS(netns)
+	check("netns", p, ok)
+	if p.PID != uint32(pid) || p.Comm != "sleep" {
+		t.Errorf("by netns: resolved through %s[%d], want sleep[%d]", p.Comm, p.PID, pid)
+	}
+	p, ok = r.ByPID(uint32(pid))
+	check("pid", p, ok)
+	p, ok = r.ByCgroup(cgid)
+	check("cgroup id", p, ok)
+	// A short-lived process of the pod gone by now: the namespace still
+	// names the pod.
+	p, ok = r.Lookup(netns, 1<<22-1, 0)
+	check("netns after the pid is gone", p, ok)
+	// This test's own process is the host's, in no pod.
+	self := uint32(os.Getpid())
+	if err := syscall.Stat("/proc/1/ns/net", &st); err != nil {
+		// A sandbox that hides pid 1: the resolver takes its own.
+		if err := syscall.Stat("/proc/self/ns/net", &st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p, ok := r.Lookup(uint32(st.Ino), self, 0); !ok || !p.Host || p.UID != "" {
+		t.Errorf("this test's process: %+v %v, want host", p, ok)
+	}
+}
