@@ -95,6 +95,9 @@ func (l *Lab) Drive(ctx context.Context, cfg DriveConfig) (*Report, error) {
 	if cfg.Resolver == "" {
 		cfg.Resolver = cfg.Scenario.Resolver
 	}
+	if cfg.Duration == 0 {
+		cfg.Duration = cfg.Scenario.Duration
+	}
 	ct, err := ctstats.Open(nsutil.Path(t.NodeNS()))
 	if err != nil {
 		return nil, err
