@@ -1,0 +1,277 @@
+package pcapout
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+	"github.com/google/gopacket/pcapgo"
+	"github.com/miekg/dns"
+
+	"github.com/dnsrace/dnsrace/internal/correlate"
+)
+
+// SnapLength is the interface's declared snap length.
+const SnapLength = 65535
+
+// Description is the interface description written to every file.
+const Description = "dnsrace: packets RECONSTRUCTED from traced headers (IP, UDP, DNS header and question; no answer records, no MAC addresses), not captured"
+
+// Packet is one reconstructed packet.
+type Packet struct {
+	Time    time.Time
+	Data    []byte
+	Comment string
+}
+
+// Writer writes incidents' packets to a pcapng file.
+type Writer struct {
+	mu      sync.Mutex
+	f       io.WriteCloser
+	bw      *bufio.Writer
+	ng      *pcapgo.NgWriter
+	packets int
+	err     error
+}
+
+// Create creates path and writes the section and interface blocks.
+func Create(path string) (*Writer, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("creating pcap file: %w", err)
+	}
+	w, err := NewWriter(f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// NewWriter writes to wc (closed by Close).
+func NewWriter(wc io.WriteCloser) (*Writer, error) {
+	bw := bufio.NewWriter(wc)
+	intf := pcapgo.NgInterface{
+		Name: "dnsrace", Description: Description, OS: "linux",
+		LinkType: layers.LinkTypeRaw, TimestampResolution: 9, SnapLength: SnapLength,
+	}
+	opts := pcapgo.DefaultNgWriterOptions
+	opts.SectionInfo.Application = "dnsrace"
+	opts.SectionInfo.Comment = Description
+	ng, err := pcapgo.NewNgWriterInterface(bw, intf, opts)
+	if err != nil {
+		return nil, fmt.Errorf("writing pcapng headers: %w", err)
+	}
+	return &Writer{f: wc, bw: bw, ng: ng}, nil
+}
+
+// WriteIncident writes the incident's packets.
+func (w *Writer) WriteIncident(inc *correlate.Incident) error {
+	pkts, err := Packets(inc)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return w.err
+	}
+	// NgWriter buffers: flush it so our blocks follow its own in order.
+	if err := w.ng.Flush(); err != nil {
+		w.err = fmt.Errorf("writing pcap: %w", err)
+		return w.err
+	}
+	for _, p := range pkts {
+		if _, err := w.bw.Write(enhancedPacketBlock(p)); err != nil {
+			w.err = fmt.Errorf("writing pcap: %w", err)
+			return w.err
+		}
+		w.packets++
+	}
+	if err := w.bw.Flush(); err != nil {
+		w.err = fmt.Errorf("writing pcap: %w", err)
+	}
+	return w.err
+}
+
+// Packets returns how many packets were written.
+func (w *Writer) Packets() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.packets
+}
+
+// Close flushes and closes the file.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	err := w.ng.Flush()
+	if err2 := w.bw.Flush(); err == nil {
+		err = err2
+	}
+	if err2 := w.f.Close(); err == nil {
+		err = err2
+	}
+	if err != nil {
+		return fmt.Errorf("closing pcap file: %w", err)
+	}
+	return nil
+}
+
+// enhancedPacketBlock encodes one EPB (interface 0, nanosecond timestamps
+// as declared by the interface block) with an opt_comment.
+func enhancedPacketBlock(p Packet) []byte {
+	pad := func(n int) int { return (4 - n&3) & 3 }
+	comment := []byte(p.Comment)
+	optLen := 0
+	if len(comment) > 0 {
+		optLen = 4 + len(comment) + pad(len(comment)) + 4 // comment + opt_endofopt
+	}
+	total := 28 + len(p.Data) + pad(len(p.Data)) + optLen + 4
+	b := make([]byte, 0, total)
+	le := binary.LittleEndian
+	ts := uint64(p.Time.UnixNano())
+	b = le.AppendUint32(b, 6) // Enhanced Packet Block
+	b = le.AppendUint32(b, uint32(total))
+	b = le.AppendUint32(b, 0) // interface id
+	b = le.AppendUint32(b, uint32(ts>>32))
+	b = le.AppendUint32(b, uint32(ts))
+	b = le.AppendUint32(b, uint32(len(p.Data)))
+	b = le.AppendUint32(b, uint32(len(p.Data)))
+	b = append(b, p.Data...)
+	b = append(b, make([]byte, pad(len(p.Data)))...)
+	if len(comment) > 0 {
+		b = le.AppendUint16(b, 1) // opt_comment
+		b = le.AppendUint16(b, uint16(len(comment)))
+		b = append(b, comment...)
+		b = append(b, make([]byte, pad(len(comment)))...)
+		b = le.AppendUint32(b, 0) // opt_endofopt
+	}
+	b = le.AppendUint32(b, uint32(total))
+	return b
+}
+
+// Packets reconstructs an incident's packets (see the package comment).
+func Packets(inc *correlate.Incident) ([]Packet, error) {
+	src, err := netip.ParseAddrPort(inc.Src)
+	if err != nil {
+		return nil, fmt.Errorf("parsing incident %d source: %w", inc.ID, err)
+	}
+	dst, err := netip.ParseAddrPort(inc.Dst)
+	if err != nil {
+		return nil, fmt.Errorf("parsing incident %d destination: %w", inc.ID, err)
+	}
+	head := fmt.Sprintf("dnsrace incident %d %s", inc.ID, inc.Cause)
+	if inc.Race != nil {
+		head += "/" + *inc.Race
+	}
+	var ctx []string
+	if inc.Pod != "" {
+		if inc.Namespace != "" {
+			ctx = append(ctx, "pod "+inc.Namespace+"/"+inc.Pod)
+		} else {
+			ctx = append(ctx, inc.Pod)
+		}
+	}
+	if inc.StallMs != nil && inc.Cause != correlate.CauseClashResolved {
+		ctx = append(ctx, fmt.Sprintf("stalled %.0f ms (retry at +%.0f ms, not in this file)", *inc.StallMs, *inc.StallMs))
+	}
+	if w := inc.Winner; w != nil {
+		ctx = append(ctx, fmt.Sprintf("winner %s->%s", w.Src, w.Dst))
+	}
+	tail := ""
+	if len(ctx) > 0 {
+		tail = "; " + strings.Join(ctx, "; ")
+	}
+	var out []Packet
+	var first uint64
+	for i, l := range inc.Lost {
+		if i == 0 {
+			first = l.SentNs
+		}
+		data, err := build(src, dst, l.ID, inc.QName, l.QType, false)
+		if err != nil {
+			return nil, fmt.Errorf("building incident %d packet: %w", inc.ID, err)
+		}
+		c := fmt.Sprintf("%s: LOST query %s id %d", head, l.QType, l.ID)
+		if l.Reason != "" {
+			c += " (" + l.Reason
+			if l.Location != "" {
+				c += " at " + l.Location
+			}
+			c += fmt.Sprintf(" in netns %d)", l.NetNS)
+		}
+		if i > 0 {
+			c += "; 5-tuple of the first lost query"
+		}
+		t := inc.Time
+		if l.SentNs >= first {
+			t = t.Add(time.Duration(l.SentNs - first))
+		}
+		out = append(out, Packet{Time: t, Data: data, Comment: c + tail})
+	}
+	if s := inc.Sibling; s != nil {
+		t := inc.Time.Add(time.Duration(s.GapUs * 1e3))
+		data, err := build(src, dst, s.ID, inc.QName, s.QType, false)
+		if err != nil {
+			return nil, fmt.Errorf("building incident %d packet: %w", inc.ID, err)
+		}
+		out = append(out, Packet{Time: t, Data: data,
+			Comment: fmt.Sprintf("%s: sibling query %s id %d (gap %.0f µs; order not traced)%s", head, s.QType, s.ID, s.GapUs, tail)})
+		if s.Answered {
+			data, err := build(dst, src, s.ID, inc.QName, s.QType, true)
+			if err != nil {
+				return nil, fmt.Errorf("building incident %d packet: %w", inc.ID, err)
+			}
+			out = append(out, Packet{Time: t, Data: data,
+				Comment: fmt.Sprintf("%s: answer to sibling %s id %d (records and arrival time not traced)%s", head, s.QType, s.ID, tail)})
+		}
+	}
+	return out, nil
+}
+
+// build serializes IP + UDP + DNS (header and question).
+func build(src, dst netip.AddrPort, id uint16, qname, qtype string, response bool) ([]byte, error) {
+	t, ok := dns.StringToType[qtype]
+	if !ok {
+		return nil, fmt.Errorf("unknown qtype %q", qtype)
+	}
+	m := new(dns.Msg)
+	m.Id = id
+	m.RecursionDesired = true
+	m.Response = response
+	m.RecursionAvailable = response
+	m.Question = []dns.Question{{Name: dns.Fqdn(qname), Qtype: t, Qclass: dns.ClassINET}}
+	payload, err := m.Pack()
+	if err != nil {
+		return nil, fmt.Errorf("packing DNS message: %w", err)
+	}
+	udp := &layers.UDP{SrcPort: layers.UDPPort(src.Port()), DstPort: layers.UDPPort(dst.Port())}
+	var ip gopacket.SerializableLayer
+	if src.Addr().Unmap().Is4() {
+		ip4 := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP,
+			SrcIP: src.Addr().Unmap().AsSlice(), DstIP: dst.Addr().Unmap().AsSlice()}
+		_ = udp.SetNetworkLayerForChecksum(ip4)
+		ip = ip4
+	} else {
+		ip6 := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolUDP,
+			SrcIP: src.Addr().AsSlice(), DstIP: dst.Addr().AsSlice()}
+		_ = udp.SetNetworkLayerForChecksum(ip6)
+		ip = ip6
+	}
+	buf := gopacket.NewSerializeBuffer()
+	err = gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		ip, udp, gopacket.Payload(payload))
+	if err != nil {
+		return nil, fmt.Errorf("serializing packet: %w", err)
+	}
+	return buf.Bytes(), nil
+}

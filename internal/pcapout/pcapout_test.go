@@ -1,0 +1,139 @@
+package pcapout_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/gopacket/pcapgo"
+
+	"github.com/dnsrace/dnsrace/internal/correlate"
+	"github.com/dnsrace/dnsrace/internal/pcapout"
+	"github.com/dnsrace/dnsrace/internal/testutil"
+)
+
+func incident() *correlate.Incident {
+	race := correlate.RaceReplyClash
+	stall := 5002.0
+	return &correlate.Incident{
+		Type: "incident", ID: 7, Time: time.Date(2026, 11, 30, 15, 2, 27, 195e6, time.UTC),
+		Cause: correlate.CauseInsertRace, Race: &race, QName: "svc-02.lab.test", QType: "A",
+		Src: "10.244.0.12:53611", Dst: "10.96.0.10:53", StallMs: &stall, Retried: true,
+		Lost: []correlate.Packet{{QType: "A", ID: 50852, Cause: correlate.CauseInsertRace, Reason: "NETFILTER_DROP",
+			Location: "nf_hook_slow+0x7d", NetNS: 4026532177, SentNs: 1000}},
+		Sibling:   &correlate.Sibling{QType: "AAAA", ID: 50853, GapUs: 86, Answered: true},
+		Winner:    &correlate.Flow{Src: "10.244.0.11:33808", Dst: "10.96.0.10:53"},
+		Pod:       "checkout-7f9c",
+		Namespace: "shop",
+	}
+}
+
+func incident6() *correlate.Incident {
+	inc := incident()
+	inc.ID, inc.Src, inc.Dst, inc.Sibling = 8, "[fd00::a]:40000", "[fd00::53]:53", nil
+	return inc
+}
+
+func TestWriteAndRead(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "out.pcapng")
+	w, err := pcapout.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, inc := range []*correlate.Incident{incident(), incident6()} {
+		if err := w.WriteIncident(inc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.SectionInfo().Comment != pcapout.Description {
+		t.Errorf("section comment %q", r.SectionInfo().Comment)
+	}
+	n := 0
+	for {
+		_, ci, err := r.ReadPacketData()
+		if err != nil {
+			break
+		}
+		if n == 0 && !ci.Timestamp.Equal(incident().Time) {
+			t.Errorf("first packet at %v, want %v", ci.Timestamp, incident().Time)
+		}
+		n++
+	}
+	if n != 4 {
+		t.Errorf("read %d packets, want 4 (lost, sibling, answer; lost v6)", n)
+	}
+	if w.Packets() != 4 {
+		t.Errorf("writer counted %d packets", w.Packets())
+	}
+	checkTcpdump(t, path, []string{
+		"10.244.0.12.53611 > 10.96.0.10.53: 50852+ A? svc-02.lab.test.",
+		"10.244.0.12.53611 > 10.96.0.10.53: 50853+ AAAA? svc-02.lab.test.",
+		"10.96.0.10.53 > 10.244.0.12.53611: 50853 0/0/0",
+		"fd00::a.40000 > fd00::53.53: 50852+ A? svc-02.lab.test.",
+	})
+	checkComments(t, path, []string{
+		"dnsrace incident 7 insert_race/reply_clash: LOST query A id 50852 (NETFILTER_DROP at nf_hook_slow+0x7d in netns 4026532177); pod shop/checkout-7f9c; stalled 5002 ms",
+		"dnsrace incident 7 insert_race/reply_clash: sibling query AAAA id 50853",
+		"dnsrace incident 7 insert_race/reply_clash: answer to sibling AAAA id 50853",
+		"dnsrace incident 8 insert_race/reply_clash: LOST query A id 50852",
+	})
+}
+
+// checkTcpdump re-reads the file with tcpdump and wants each line in order.
+func checkTcpdump(t *testing.T, path string, want []string) {
+	t.Helper()
+	if _, err := exec.LookPath("tcpdump"); err != nil {
+		testutil.SkipOrFail(t, "tcpdump is not installed (scripts/install-deps installs it)")
+	}
+	out, err := exec.Command("tcpdump", "-nr", path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("tcpdump -nr: %v\n%s", err, out)
+	}
+	text := string(out)
+	for _, w := range want {
+		i := strings.Index(text, w)
+		if i < 0 {
+			t.Errorf("tcpdump output lacks %q:\n%s", w, out)
+			continue
+		}
+		text = text[i+len(w):]
+	}
+}
+
+// checkComments reads the packets' comments with tshark when it is there
+// (it is optional: tcpdump does not print pcapng comments).
+func checkComments(t *testing.T, path string, want []string) {
+	t.Helper()
+	if _, err := exec.LookPath("tshark"); err != nil {
+		t.Log("tshark not installed: packet comments not checked by a third-party reader")
+		return
+	}
+	out, err := exec.Command("tshark", "-r", path, "-T", "fields", "-e", "frame.comment").CombinedOutput()
+	if err != nil {
+		t.Fatalf("tshark -r: %v\n%s", err, out)
+	}
+	text := string(out)
+	for _, w := range want {
+		i := strings.Index(text, w)
+		if i < 0 {
+			t.Errorf("tshark comments lack %q:\n%s", w, out)
+			continue
+		}
+		text = text[i+len(w):]
+	}
+}
