@@ -1,0 +1,122 @@
+package lab
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dnsrace/dnsrace/internal/ctstats"
+)
+
+func TestPortRange(t *testing.T) {
+	var r PortRange
+	if err := r.Set("10000-10015"); err != nil || r.Min != 10000 || r.Max != 10015 {
+		t.Fatalf("got %v, %v", r, err)
+	}
+	if err := r.Set("53"); err != nil || r.Min != 53 || r.Max != 53 {
+		t.Fatalf("single port: %v, %v", r, err)
+	}
+	for _, bad := range []string{"2000-1000", "0-10", "a-b", "70000", ""} {
+		if err := r.Set(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	ok := Topology{Prefix: "x", Pods: 1, Backends: 2}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []Topology{
+		{Prefix: "x", Pods: 0, Backends: 2},
+		{Prefix: "x", Pods: 1, Backends: 0},
+		{Prefix: "x", Pods: MaxPods + 1, Backends: 1},
+		{Prefix: "a/b", Pods: 1, Backends: 1},
+		{Prefix: "x", Pods: 1, Backends: 1, SNAT: true, SNATPorts: PortRange{20, 10}},
+	} {
+		if bad.Validate() == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+func TestParseSNMPUdp(t *testing.T) {
+	raw := []byte(`Ip: Forwarding DefaultTTL
+Ip: 1 64
+Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti MemErrors
+Udp: 10 7 3 12 2 0 0 0 0
+UdpLite: InDatagrams NoPorts
+UdpLite: 0 0
+`)
+	u, err := parseSNMPUdp(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u != (UDPCounters{NoPorts: 7, InErrors: 3, RcvbufErrors: 2}) {
+		t.Fatalf("got %+v", u)
+	}
+	if _, err := parseSNMPUdp([]byte("Ip: a\nIp: 1\n")); err == nil {
+		t.Fatal("no Udp lines accepted")
+	}
+}
+
+func TestScenarioLookup(t *testing.T) {
+	for _, n := range ScenarioNames() {
+		sc, err := LookupScenario(n)
+		if err != nil || sc.Check == nil || sc.Expect == "" || sc.Duration == 0 {
+			t.Errorf("%s: %+v %v", n, sc, err)
+		}
+		if err := sc.Topology("dnsrace", sc.Pods).Validate(); err != nil {
+			t.Errorf("%s: default topology invalid: %v", n, err)
+		}
+	}
+	if _, err := LookupScenario("nope"); err == nil || !strings.Contains(err.Error(), "snat-port") {
+		t.Errorf("unknown scenario error should list the known ones: %v", err)
+	}
+}
+
+func TestAggregateAndCompare(t *testing.T) {
+	mk := func(sent, lost uint64, insertFailed, clash uint64, durations ...time.Duration) *Report {
+		r := &Report{QueriesSent: sent, LostReplies: lost, Conntrack: ctstats.Counters{InsertFailed: insertFailed, ClashResolve: clash}}
+		c := &ClientReport{unit: 5 * time.Second}
+		for _, d := range durations {
+			c.record(d, true)
+		}
+		r.Clients = []*ClientReport{c}
+		r.summarize()
+		r.Expectation.Met = true
+		return r
+	}
+	a := Aggregate("snat-port", []*Report{
+		mk(100, 10, 10, 0, 5*time.Millisecond, 5010*time.Millisecond),
+		mk(100, 0, 0, 30, 7*time.Millisecond),
+	})
+	if a.Runs != 2 || a.Met != 2 || a.QueriesSent != 200 || a.Stalls != 1 || a.Lookups != 3 {
+		t.Fatalf("aggregate %+v", a)
+	}
+	if a.RaceRate != 40.0/200 || a.ResolveRate != 30.0/40 || a.LossRate != 10.0/200 {
+		t.Fatalf("rates %+v", a)
+	}
+	if a.Latency.MaxMs != 5010 || a.Latency.P50Ms != 7 {
+		t.Fatalf("latency %+v", a.Latency)
+	}
+	b := a
+	b.RaceRate = a.RaceRate * 2
+	var out bytes.Buffer
+	Compare(&out, &BenchResult{Kernel: "6.1", Scenarios: []ScenarioResult{a}}, &BenchResult{Kernel: "6.18", Scenarios: []ScenarioResult{b}})
+	if !strings.Contains(out.String(), "race_rate") || !strings.Contains(out.String(), "+100%") {
+		t.Fatalf("compare output:\n%s", out.String())
+	}
+}
+
+func TestStallCounting(t *testing.T) {
+	c := &ClientReport{unit: 5 * time.Second}
+	c.record(20*time.Millisecond, true)
+	c.record(5004*time.Millisecond, true)
+	c.record(10011*time.Millisecond, false)
+	if c.Stalls != 2 || c.StallTimeouts != 3 || c.OK != 2 || c.Failed != 1 {
+		t.Fatalf("%+v", c)
+	}
+}
