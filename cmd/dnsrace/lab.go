@@ -87,6 +87,7 @@ type labFlags struct {
 	resolverTimeout time.Duration
 	snatPorts       lab.PortRange
 	randomFully     bool
+	server          string
 	json            bool
 	// hidden test hooks
 	failStep    string
@@ -100,6 +101,7 @@ func (f *labFlags) register(fs *pflag.FlagSet, withDrive bool) {
 	fs.IntVar(&f.backends, "backends", 2, "number of DNS backends behind the VIP")
 	fs.Var(&f.snatPorts, "snat-ports", "SNAT to this port range MIN-MAX (default: the scenario's)")
 	fs.BoolVar(&f.randomFully, "random-fully", false, "SNAT with fully random port selection")
+	fs.StringVar(&f.server, "server", lab.ServerBuiltin, "DNS backends: builtin (Go, can misbehave on purpose) or dnsmasq (real dnsmasq, must be installed)")
 	fs.StringVar(&f.failStep, "fail-at-step", "", "")
 	_ = fs.MarkHidden("fail-at-step")
 	if !withDrive {
@@ -151,10 +153,16 @@ func (f *labFlags) resolve(fs *pflag.FlagSet) (lab.Scenario, lab.Topology, error
 	if fs.Lookup("resolver-timeout") != nil && f.resolverTimeout < 100*time.Millisecond {
 		return sc, t, usagef("--resolver-timeout %v is too short (want >= 100ms)", f.resolverTimeout)
 	}
-	if sc.Shape != nil {
-		// The scenario's own shape wins for what defines it (its rules).
-		sc.Pods = pods
+	switch f.server {
+	case lab.ServerBuiltin:
+	case lab.ServerDnsmasq:
+		if sc.Server.IgnoreFraction > 0 || sc.Server.WrongSource {
+			return sc, t, usagef("scenario %s needs a server that misbehaves on purpose: use --server builtin", sc.Name)
+		}
+	default:
+		return sc, t, usagef("unknown --server %q (want builtin or dnsmasq)", f.server)
 	}
+	sc.Server.Kind = f.server
 	return sc, t, nil
 }
 

@@ -145,14 +145,14 @@ func runGlibc(ctx, stop context.Context, p clientParams, rep *ClientReport) {
 		cmd := nsutil.Command(ctx, rep.NetNS, "getent", "ahosts", rep.QName)
 		t0 := time.Now()
 		mu.Lock()
-		err := cmd.Start()
+		exited, err := nsutil.Start(cmd)
 		inflight = cmd
 		mu.Unlock()
 		if err != nil {
 			rep.Failed++
 			return
 		}
-		err = cmd.Wait()
+		err = <-exited
 		mu.Lock()
 		inflight = nil
 		mu.Unlock()

@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/dnsrace/dnsrace/internal/nsutil"
 	"github.com/dnsrace/dnsrace/internal/testutil"
@@ -62,4 +62,25 @@ func TestScenarios(t *testing.T) {
 	}
 }
 
-var _ = time.Second
+
+// TestSNATPortWithDnsmasq: the race does not depend on the lab's own DNS
+// server; real dnsmasq backends show it the same way.
+func TestSNATPortWithDnsmasq(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("dnsmasq"); err != nil {
+		testutil.SkipOrFail(t, "dnsmasq not installed (scripts/install-deps installs dnsmasq-base)")
+	}
+	sc, _ := LookupScenario("snat-port")
+	sc.Server.Kind = ServerDnsmasq
+	rep, err := Run(context.Background(), RunConfig{Prefix: testPrefix, Drive: DriveConfig{Scenario: sc}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Expectation.Met {
+		t.Errorf("snat-port with dnsmasq: %v", rep.Expectation.Failures)
+	}
+	if rep.AnswersReceived == 0 {
+		t.Errorf("dnsmasq answered nothing")
+	}
+	assertNothingLeft(t, testPrefix)
+}

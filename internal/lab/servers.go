@@ -1,14 +1,31 @@
 package lab
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dnsrace/dnsrace/internal/dnsserver"
 	"github.com/dnsrace/dnsrace/internal/nsutil"
 )
 
+// Server kinds.
+const (
+	ServerBuiltin = "builtin"
+	// ServerDnsmasq runs real dnsmasq, one per backend address.
+	ServerDnsmasq = "dnsmasq"
+)
+
 // ServerConfig sets how the lab's DNS backends behave.
 type ServerConfig struct {
+	// Kind is ServerBuiltin (default) or ServerDnsmasq.
+	Kind string `json:"kind,omitempty"`
 	// IgnoreFraction of queries each backend leaves unanswered.
 	IgnoreFraction float64 `json:"ignore_fraction,omitempty"`
 	// WrongSource makes backend 0 answer from backend 1's address and
@@ -16,9 +33,16 @@ type ServerConfig struct {
 	WrongSource bool `json:"wrong_source,omitempty"`
 }
 
-type servers struct{ list []*dnsserver.Server }
+type servers struct {
+	list  []*dnsserver.Server
+	procs []*exec.Cmd
+	exits []<-chan error
+}
 
 func startServers(t Topology, cfg ServerConfig) (*servers, error) {
+	if cfg.Kind == ServerDnsmasq {
+		return startDnsmasq(t, cfg)
+	}
 	s := &servers{}
 	err := nsutil.Do(t.DNSNS(), func() error {
 		for i := 0; i < t.Backends; i++ {
@@ -62,4 +86,70 @@ func (s *servers) close() {
 		srv.Close()
 	}
 	s.list = nil
+	for i, c := range s.procs {
+		_ = c.Cancel()
+		<-s.exits[i]
+	}
+	s.procs, s.exits = nil, nil
+}
+
+// startDnsmasq runs one real dnsmasq per backend address in the dns
+// namespace, authoritative for lab.test with the same answers as the
+// built-in server. It cannot misbehave on purpose and keeps no counts the
+// lab can read, so the scenarios that need either refuse it.
+func startDnsmasq(t Topology, cfg ServerConfig) (*servers, error) {
+	if cfg.IgnoreFraction > 0 || cfg.WrongSource {
+		return nil, errors.New("dnsmasq cannot ignore queries or answer from another address: use the builtin server for this scenario")
+	}
+	bin, err := exec.LookPath("dnsmasq")
+	if err != nil {
+		return nil, fmt.Errorf("dnsmasq not installed (apt-get install dnsmasq-base): %w", err)
+	}
+	s := &servers{}
+	for i := 0; i < t.Backends; i++ {
+		addr := BackendAddr(i)
+		c := dnsmasqCommand(t.DNSNS(), bin, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
+			"--bind-interfaces", "--listen-address="+addr.String(), "--port=53", "--user=root", "--group=root",
+			"--pid-file=", "--address=/lab.test/"+dnsserver.AnswerA.String(), "--address=/lab.test/"+dnsserver.AnswerAAAA.String())
+		c.Stderr = os.Stderr
+		exited, err := nsutil.Start(c)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("starting dnsmasq on %s: %w", addr, err)
+		}
+		s.procs, s.exits = append(s.procs, c), append(s.exits, exited)
+	}
+	// dnsmasq binds at start; wait until every backend answers.
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; i < t.Backends; i++ {
+		for !dnsmasqListening(t, BackendAddr(i)) {
+			if time.Now().After(deadline) {
+				s.close()
+				return nil, fmt.Errorf("dnsmasq on %s did not start listening", BackendAddr(i))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return s, nil
+}
+
+func dnsmasqCommand(ns string, argv ...string) *exec.Cmd {
+	return nsutil.Command(context.Background(), ns, argv...)
+}
+
+// dnsmasqListening reports whether something is bound to addr:53/udp in
+// the dns namespace (a bind test: it fails while the port is taken).
+func dnsmasqListening(t Topology, addr netip.Addr) bool {
+	taken := false
+	_ = nsutil.Do(t.DNSNS(), func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		err = unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4(), Port: 53})
+		taken = errors.Is(err, unix.EADDRINUSE)
+		return nil
+	})
+	return taken
 }

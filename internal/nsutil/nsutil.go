@@ -184,3 +184,26 @@ func execInNamespace(name string, argv []string) error {
 	}
 	return unix.Exec(path, argv, os.Environ())
 }
+
+// Start starts cmd (from Command) and returns a channel that yields its
+// Wait result. The child's Pdeathsig fires when the *thread* that forked it
+// exits, and Go ends threads (those of Do, for one); so the fork happens on
+// a thread locked for as long as the child lives.
+func Start(cmd *exec.Cmd) (<-chan error, error) {
+	started := make(chan error, 1)
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread() // the thread never changed namespace
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		done <- cmd.Wait()
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return done, nil
+}
