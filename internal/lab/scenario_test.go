@@ -62,7 +62,6 @@ func TestScenarios(t *testing.T) {
 	}
 }
 
-
 // TestSNATPortWithDnsmasq: the race does not depend on the lab's own DNS
 // server; real dnsmasq backends show it the same way.
 func TestSNATPortWithDnsmasq(t *testing.T) {
