@@ -33,13 +33,9 @@ func runDemo(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args, demoUsage); err != nil {
 		return err
 	}
-	var scs []lab.Scenario
-	for _, n := range *scenarios {
-		sc, err := lab.LookupScenario(n)
-		if err != nil {
-			return usageError{err}
-		}
-		scs = append(scs, sc)
+	scs, err := lab.LookupScenarios(*scenarios)
+	if err != nil {
+		return usageError{err}
 	}
 	if err := requireRoot("dnsrace demo"); err != nil {
 		return err

@@ -286,13 +286,9 @@ func labBench(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args, "Usage: dnsrace lab bench [flags]\n\nRun scenarios repeatedly and report race, drop, resolve, loss and stall rates\nand latency per scenario: a kernel-regression benchmark.\n\n"); err != nil {
 		return err
 	}
-	var scs []lab.Scenario
-	for _, n := range *scenarios {
-		sc, err := lab.LookupScenario(n)
-		if err != nil {
-			return usageError{err}
-		}
-		scs = append(scs, sc)
+	scs, err := lab.LookupScenarios(*scenarios)
+	if err != nil {
+		return usageError{err}
 	}
 	if *iterations < 1 {
 		return usagef("--iterations must be at least 1")

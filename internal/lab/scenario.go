@@ -138,6 +138,19 @@ func LookupScenario(name string) (Scenario, error) {
 	return Scenario{}, fmt.Errorf("unknown scenario %q (known: %s)", name, strings.Join(known, ", "))
 }
 
+// LookupScenarios finds each named scenario, in the order given.
+func LookupScenarios(names []string) ([]Scenario, error) {
+	out := make([]Scenario, 0, len(names))
+	for _, n := range names {
+		sc, err := LookupScenario(n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sc)
+	}
+	return out, nil
+}
+
 // Topology returns the scenario's topology for the given prefix and pods.
 func (s Scenario) Topology(prefix string, pods int) Topology {
 	t := Topology{Prefix: prefix, Pods: pods, Backends: 2}
