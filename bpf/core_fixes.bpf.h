@@ -8,9 +8,15 @@
 #define DNSRACE_CORE_FIXES_H
 
 /* struct iov_iter: commit de4f5fed3f23 ("iov_iter: add iter_iovec() helper",
- * v6.4) renamed the iovec pointer from iov to __iov. */
+ * v6.4) renamed the iovec pointer from iov to __iov. Both names are
+ * flavours, so the code builds against either vmlinux.h (x86 is dumped from
+ * 6.18, arm64 from 6.1). */
 struct iov_iter___pre64 {
 	const struct iovec *iov;
+} __attribute__((preserve_access_index));
+
+struct iov_iter___v64 {
+	const struct iovec *__iov;
 } __attribute__((preserve_access_index));
 
 /* struct iov_iter: commit 8cd54c1c8480 ("iov_iter: separate direction from

@@ -670,8 +670,9 @@ static __always_inline void copy_payload_user(struct event *e, struct msghdr *ms
 		avail = BPF_CORE_READ(it, count);
 	} else if (type == bpf_core_enum_value(enum iter_type, ITER_IOVEC)) {
 		const struct iovec *iov;
-		if (bpf_core_field_exists(it->__iov))
-			iov = BPF_CORE_READ(it, __iov);
+		struct iov_iter___v64 *it64 = (void *)it;
+		if (bpf_core_field_exists(it64->__iov))
+			iov = BPF_CORE_READ(it64, __iov);
 		else
 			iov = BPF_CORE_READ((struct iov_iter___pre64 *)it, iov);
 		__u64 len = BPF_CORE_READ(iov, iov_len);

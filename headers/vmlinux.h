@@ -1,7 +1,9 @@
 /* Dispatches to the BTF dump of the target architecture.
  *
  * vmlinux_x86.h is `bpftool btf dump file /sys/kernel/btf/vmlinux format c`
- * of an x86_64 6.18 kernel (scripts/update-headers --vmlinux). Programs use
+ * of an x86_64 6.18 kernel (scripts/update-headers --vmlinux); vmlinux_arm64.h
+ * is the BTF of Debian's arm64 6.1.0-57 cloud kernel, cut out of its Image
+ * (scripts/update-headers --vmlinux-arm64). Programs use
  * CO-RE, so the dump only has to name the types and fields they read; the
  * loader relocates every access against the running kernel's BTF.
  */
