@@ -2,11 +2,13 @@ package probe
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -258,6 +260,42 @@ func TestLost(t *testing.T) {
 	c := collect(t, tr)
 	if _, ok := c.wait(5*time.Second, func(e *event.Event) bool { return e.Kind == event.KindXmit }); !ok {
 		t.Error("nothing read after the overflow")
+	}
+}
+
+// TestReadAllocs: Read allocates a fixed amount per call, nothing per
+// event.
+func TestReadAllocs(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	n := newTwoNS(t)
+	tr := open(t, Options{Attach: event.TierTracepoint})
+	const queries = 100 // xmit, recv and a no-socket drop each
+	for range queries {
+		n.sendUDP(t, serverAddr, 53, dnsQuery(t, uniqueName(t), dns.TypeA))
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	seen := 0
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	err := tr.Read(ctx, func(e *event.Event) {
+		if seen++; seen == 3*queries {
+			cancel()
+		}
+	})
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen < 3*queries {
+		t.Fatalf("read %d events, want %d", seen, 3*queries)
+	}
+	allocs := after.Mallocs - before.Mallocs
+	t.Logf("%d events, %d allocations", seen, allocs)
+	if allocs > 50 {
+		t.Errorf("%d allocations for %d events", allocs, seen)
 	}
 }
 
