@@ -35,7 +35,7 @@ test-host: ## The whole suite on this kernel (root: namespaces, netfilter, BPF)
 	$(GO) test $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) -p 1 ./...
 
 bench-smoke: build ## Short benchmark run: checks the harness works and loses no events
-	$(GO) test -run '^$$' -bench . -benchtime 2000x ./internal/...
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./internal/... && ./dnsrace bench --smoke
 
 vagrant-check: ## Syntax-check the Vagrantfile
 	ruby -c Vagrantfile

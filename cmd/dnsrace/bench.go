@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/dnsrace/dnsrace/internal/perf"
+)
+
+func init() {
+	commands["bench"] = command{summary: "measure the tracer's overhead and capacity in a namespace lab", run: runBench}
+}
+
+const benchUsage = `Usage: dnsrace bench [flags]
+
+Measure what tracing costs, in a namespace lab (prefix dnsperf), with
+and without the tracer in alternating rounds:
+
+  udp-forward   unpaced non-DNS UDP flood, pod -> node (forwarding) -> dns ns
+  udp-loopback  the same on 127.0.0.1 inside one namespace
+  dns-forward   unpaced DNS queries through the node, answered
+  dns-loopback  the same on 127.0.0.1
+  capacity      paced DNS queries (--rate ladder), answered, traced: the
+                highest rate with zero lost events, the tracer's CPU and RSS
+
+The tracer is this binary's 'trace --json' subcommand, run as a child
+process (tracepoint tier); its summary says how many events were lost.
+--memory instead feeds synthetic unanswered queries to the correlator in
+this process and reports its memory.
+
+Examples:
+  sudo dnsrace bench
+  sudo dnsrace bench --duration 5s --rounds 3 --json > bench.json
+  sudo dnsrace bench --skip-cost --rate 50000,100000,200000
+  sudo dnsrace bench --smoke
+  dnsrace bench --memory --queries 1000000
+
+Flags:
+`
+
+func runBench(ctx context.Context, args []string) error {
+	fs := pflag.NewFlagSet("bench", pflag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(os.Stderr, benchUsage); fs.PrintDefaults() }
+	var (
+		duration   = fs.Duration("duration", 5*time.Second, "length of each flood")
+		rounds     = fs.Int("rounds", 3, "untraced/traced round pairs per case (alternating order)")
+		sockets    = fs.Int("sockets", 2, "sending sockets per flood")
+		rates      = fs.IntSlice("rate", nil, "capacity ladder in DNS queries/s (default 2000,10000,25000,50000,100000,150000,200000,300000)")
+		cases      = fs.StringSlice("case", nil, "per-packet cost cases to run (default all: udp-forward, udp-loopback, dns-forward, dns-loopback)")
+		skipCost   = fs.Bool("skip-cost", false, "leave out the per-packet cost cases")
+		skipCap    = fs.Bool("skip-capacity", false, "leave out the capacity search")
+		ring       = fs.Uint32("ring-buffer-size", 0, "the tracer's ring buffer size in bytes (default: the tracer's)")
+		smoke      = fs.Bool("smoke", false, "short CI run (~20s): checks the harness and that no event is lost at 2,000 queries/s; exit 1 otherwise")
+		jsonOut    = fs.Bool("json", false, "write one JSON document")
+		memory     = fs.Bool("memory", false, "measure the correlator's memory with --queries unanswered queries in flight (no root, no lab)")
+		queries    = fs.Int("queries", 1_000_000, "unanswered queries fed by --memory")
+		maxQueries = fs.Int("max-queries", 0, "--memory: the correlator's cap on queries in flight (default: its default)")
+	)
+	if err := fs.Parse(args); err != nil {
+		if err == pflag.ErrHelp {
+			return nil
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if *memory {
+		if *queries <= 0 {
+			return usagef("--queries must be positive")
+		}
+		r := perf.Memory(*queries, *maxQueries)
+		if *jsonOut {
+			return writeJSON(r)
+		}
+		perf.WriteMemoryText(os.Stdout, r)
+		return nil
+	}
+	if *duration <= 0 || *rounds <= 0 || *sockets <= 0 {
+		return usagef("--duration, --rounds and --sockets must be positive")
+	}
+	for _, r := range *rates {
+		if r <= 0 {
+			return usagef("--rate %d: want a positive rate", r)
+		}
+	}
+	for _, c := range *cases {
+		ok := false
+		for _, k := range perf.Cases {
+			ok = ok || k.Name == c
+		}
+		if !ok {
+			return usagef("--case %q: unknown case", c)
+		}
+	}
+	if err := requireRoot("dnsrace bench"); err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding this binary: %w", err)
+	}
+	cfg := perf.Config{
+		Exe: exe, Duration: *duration, Rounds: *rounds, Sockets: *sockets, Rates: *rates,
+		Cases: *cases, SkipCost: *skipCost, SkipCapacity: *skipCap, RingBufferSize: *ring, Log: os.Stderr,
+	}
+	if *smoke {
+		cfg.Duration, cfg.Rounds, cfg.Rates = 2*time.Second, 1, []int{2000}
+		cfg.Cases = []string{"udp-forward", "dns-forward"}
+	}
+	res, err := perf.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if *jsonOut {
+		if err := writeJSON(res); err != nil {
+			return err
+		}
+	} else {
+		perf.WriteText(os.Stdout, res)
+	}
+	if *smoke {
+		if p := perf.Problems(res); len(p) > 0 {
+			for _, s := range p {
+				fmt.Fprintf(os.Stderr, "dnsrace bench: smoke: %s\n", s)
+			}
+			return exitCodeError{1}
+		}
+		fmt.Fprintln(os.Stderr, "dnsrace bench: smoke ok: no event lost at 2000 queries/s")
+	}
+	return nil
+}
+
+func writeJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

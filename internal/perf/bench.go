@@ -1,0 +1,456 @@
+package perf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"runtime"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/dnsrace/dnsrace/internal/lab"
+	"github.com/dnsrace/dnsrace/internal/nsutil"
+)
+
+// Addresses the harness adds to the lab. SinkAddr is an extra address of
+// the dns namespace: the DNS flood's responder binds it, because the lab's
+// own servers (which the VIP is DNATed to) answer far fewer queries per
+// second than the flood sends. Non-DNS floods go to backend 0's address on
+// SinkPort: the node forwards them without NAT (its DNAT only matches udp
+// dport 53 to the VIP).
+var (
+	SinkAddr = netip.MustParseAddr("10.96.100.50")
+	loopback = netip.MustParseAddr("127.0.0.1")
+)
+
+// DefaultPrefix names the harness's lab. It does not start with
+// "dnsrace-": lab.Teardown("dnsrace") (dnsrace lab down, and tests using the
+// default lab) removes every namespace named "dnsrace-*", which would pull
+// the bench's lab away mid-run.
+const DefaultPrefix = "dnsperf"
+
+// SinkPort is the port of the non-DNS floods.
+const SinkPort = 9999
+
+// Config sets one harness run.
+type Config struct {
+	// Exe is a dnsrace binary (its `trace` subcommand is the tracer).
+	Exe string
+	// Prefix of the lab's namespaces (default DefaultPrefix).
+	Prefix string
+	// Duration of each flood (default 5s).
+	Duration time.Duration
+	// Rounds of (untraced, traced) pairs per case, alternating which goes
+	// first (default 3).
+	Rounds int
+	// Sockets per flood (default 2).
+	Sockets int
+	// Rates is the capacity ladder in DNS queries per second; the search
+	// stops after the first rate that loses events.
+	Rates []int
+	// Cases limits the per-packet cost cases by name (empty: all).
+	Cases []string
+	// SkipCost and SkipCapacity leave a part out.
+	SkipCost, SkipCapacity bool
+	// RingBufferSize for the tracer (0: its default).
+	RingBufferSize uint32
+	// Log receives progress lines (nil: discarded).
+	Log io.Writer
+}
+
+// DefaultRates is the capacity ladder when Config.Rates is empty.
+var DefaultRates = []int{2000, 10000, 25000, 50000, 100000, 150000, 200000, 300000}
+
+func (c *Config) defaults() {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.Duration == 0 {
+		c.Duration = 5 * time.Second
+	}
+	if c.Rounds == 0 {
+		c.Rounds = 3
+	}
+	if c.Sockets == 0 {
+		c.Sockets = 2
+	}
+	if len(c.Rates) == 0 {
+		c.Rates = DefaultRates
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+}
+
+// Case is one per-packet cost measurement: an unpaced flood along one
+// path, counted at its sink.
+type Case struct {
+	Name string
+	// Forward: pod0 -> node (bridge, routing, conntrack) -> dns ns.
+	// Otherwise loopback inside pod1.
+	Forward bool
+	DNS     bool
+}
+
+// Cases are the per-packet cost cases, in the order they run.
+var Cases = []Case{
+	{Name: "udp-forward", Forward: true},
+	{Name: "udp-loopback"},
+	{Name: "dns-forward", Forward: true, DNS: true},
+	{Name: "dns-loopback", DNS: true},
+}
+
+// CaseResult is the outcome of one Case.
+type CaseResult struct {
+	Name   string `json:"name"`
+	Path   string `json:"path"`
+	DNS    bool   `json:"dns"`
+	Rounds int    `json:"rounds"`
+	// Packets per second counted at the sink, per round.
+	UntracedPPS []float64 `json:"untraced_pps"`
+	TracedPPS   []float64 `json:"traced_pps"`
+	// Totals over all rounds (packets / seconds).
+	Untraced float64 `json:"untraced"`
+	Traced   float64 `json:"traced"`
+	Ratio    float64 `json:"ratio"`
+	Target   float64 `json:"target"`
+	// The tracer while traced: CPU in cores, events, events lost.
+	TracerCPU  float64 `json:"tracer_cpu_cores"`
+	Events     uint64  `json:"events"`
+	EventsLost uint64  `json:"events_lost"`
+}
+
+// Step is one rate of the capacity search: paced DNS queries from pod0
+// through the node to the responder, answered, with the tracer attached.
+type Step struct {
+	Rate      int     `json:"rate"`
+	Seconds   float64 `json:"seconds"`
+	Sent      float64 `json:"sent_per_s"`
+	Received  float64 `json:"received_per_s"`
+	Answers   float64 `json:"answers_per_s"`
+	Events    uint64  `json:"events"`
+	EventsPS  float64 `json:"events_per_s"`
+	Lost      uint64  `json:"events_lost"`
+	Queries   uint64  `json:"queries_traced"`
+	Answered  uint64  `json:"queries_answered"`
+	Incidents int     `json:"incidents"`
+	TracerCPU float64 `json:"tracer_cpu_cores"`
+	RSS       uint64  `json:"tracer_rss_bytes"`
+	PeakRSS   uint64  `json:"tracer_peak_rss_bytes"`
+	// Reached is false when the generator could not send the rate (the
+	// machine ran out of CPU before the tracer lost anything).
+	Reached bool `json:"reached"`
+}
+
+// Result is a whole run.
+type Result struct {
+	Kernel   string       `json:"kernel"`
+	CPUs     int          `json:"cpus"`
+	Tier     string       `json:"tier"`
+	Duration float64      `json:"duration_s"`
+	Cases    []CaseResult `json:"cases"`
+	Capacity []Step       `json:"capacity"`
+	// MaxZeroLoss is the highest rate of the ladder traced with no lost
+	// event (0: none).
+	MaxZeroLoss int `json:"max_zero_loss_rate"`
+}
+
+// Run builds the lab, measures, and tears the lab down.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	cfg.defaults()
+	if cfg.Exe == "" {
+		return nil, errors.New("perf: Config.Exe (a dnsrace binary) is required")
+	}
+	res := &Result{Kernel: kernelRelease(), CPUs: runtime.NumCPU(), Tier: "tracepoint", Duration: cfg.Duration.Seconds()}
+	topo := lab.Topology{Prefix: cfg.Prefix, Pods: 2, Backends: 2}
+	_ = lab.Teardown(cfg.Prefix) // a crashed earlier run
+	l, err := lab.Up(topo, lab.ServerConfig{})
+	if err != nil {
+		return nil, fmt.Errorf("building the lab: %w", err)
+	}
+	defer l.Down()
+	if err := addSinkAddr(topo.DNSNS()); err != nil {
+		return nil, err
+	}
+	h := &harness{cfg: cfg, topo: topo}
+	if !cfg.SkipCost {
+		for _, c := range Cases {
+			if len(cfg.Cases) > 0 && !contains(cfg.Cases, c.Name) {
+				continue
+			}
+			r, err := h.cost(ctx, c)
+			if err != nil {
+				return res, fmt.Errorf("case %s: %w", c.Name, err)
+			}
+			res.Cases = append(res.Cases, r)
+		}
+	}
+	if !cfg.SkipCapacity {
+		for _, rate := range cfg.Rates {
+			s, err := h.step(ctx, rate)
+			if err != nil {
+				return res, fmt.Errorf("capacity at %d/s: %w", rate, err)
+			}
+			res.Capacity = append(res.Capacity, s)
+			if s.Lost > 0 {
+				break
+			}
+			if s.Reached {
+				res.MaxZeroLoss = rate
+			}
+		}
+	}
+	return res, ctx.Err()
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// addSinkAddr gives the dns namespace's eth0 SinkAddr.
+func addSinkAddr(ns string) error {
+	return nsutil.Do(ns, func() error {
+		link, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return fmt.Errorf("dns namespace eth0: %w", err)
+		}
+		a := &netlink.Addr{IPNet: netlink.NewIPNet(SinkAddr.AsSlice())}
+		a.IPNet.Mask = []byte{255, 255, 255, 0}
+		if err := netlink.AddrAdd(link, a); err != nil {
+			return fmt.Errorf("adding %s to the dns namespace: %w", SinkAddr, err)
+		}
+		return nil
+	})
+}
+
+type harness struct {
+	cfg  Config
+	topo lab.Topology
+}
+
+func (h *harness) logf(format string, args ...any) {
+	fmt.Fprintf(h.cfg.Log, format+"\n", args...)
+}
+
+func (h *harness) tracerArgs() []string {
+	var a []string
+	if h.cfg.RingBufferSize > 0 {
+		a = append(a, fmt.Sprintf("--ring-buffer-size=%d", h.cfg.RingBufferSize))
+	}
+	return a
+}
+
+// sinkFor starts the sink of a case and returns it with the flood that
+// feeds it.
+func (h *harness) sinkFor(c Case) (*Sink, FloodConfig, error) {
+	fc := FloodConfig{Sockets: h.cfg.Sockets, Duration: h.cfg.Duration, DNS: c.DNS, ReadAnswers: c.DNS}
+	var ns string
+	var at netip.AddrPort
+	switch {
+	case c.Forward && c.DNS:
+		ns, at, fc.NS = h.topo.DNSNS(), netip.AddrPortFrom(SinkAddr, 53), h.topo.PodNS(0)
+	case c.Forward:
+		ns, at, fc.NS = h.topo.DNSNS(), netip.AddrPortFrom(lab.BackendAddr(0), SinkPort), h.topo.PodNS(0)
+	case c.DNS:
+		ns, at, fc.NS = h.topo.PodNS(1), netip.AddrPortFrom(loopback, 53), h.topo.PodNS(1)
+	default:
+		ns, at, fc.NS = h.topo.PodNS(1), netip.AddrPortFrom(loopback, SinkPort), h.topo.PodNS(1)
+	}
+	fc.Dst = at
+	s, err := StartSink(ns, at, c.DNS, 2)
+	return s, fc, err
+}
+
+// measured is one flood's outcome at the sink, plus the tracer's view.
+type measured struct {
+	flood     FloodResult
+	received  uint64
+	secs      float64
+	cpu       time.Duration
+	cpuSecs   float64
+	rss, hwm  uint64
+	sum       *TraceSummary
+	incidents int
+}
+
+// once runs one flood against s, under a fresh tracer when traced.
+func (h *harness) once(ctx context.Context, s *Sink, fc FloodConfig, traced bool) (measured, error) {
+	var m measured
+	var tp *tracerProc
+	if traced {
+		var err error
+		if tp, err = startTracer(h.cfg.Exe, fc.Duration+2*time.Minute, h.tracerArgs()); err != nil {
+			return m, err
+		}
+		defer func() {
+			if tp != nil {
+				tp.kill()
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond) // settle
+	var cpu0 time.Duration
+	if tp != nil {
+		cpu0, _ = procCPU(tp.pid())
+	}
+	r0 := s.Received()
+	t0 := time.Now()
+	fr, err := Flood(ctx, fc)
+	if err != nil {
+		return m, err
+	}
+	if !fc.ReadAnswers {
+		time.Sleep(100 * time.Millisecond) // in-flight packets reach the sink
+	}
+	m.flood, m.received, m.secs = fr, s.Received()-r0, fc.Duration.Seconds()
+	if tp != nil {
+		cpu1, _ := procCPU(tp.pid())
+		m.cpu, m.cpuSecs = cpu1-cpu0, time.Since(t0).Seconds()
+		m.rss, m.hwm, _ = procMem(tp.pid())
+		sum, inc, err := tp.stop()
+		tp = nil
+		if err != nil {
+			return m, err
+		}
+		m.sum, m.incidents = sum, inc
+	}
+	return m, nil
+}
+
+func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
+	r := CaseResult{Name: c.Name, Path: "loopback", DNS: c.DNS, Rounds: h.cfg.Rounds, Target: 0.98}
+	if c.Forward {
+		r.Path = "forward"
+	}
+	if c.DNS {
+		r.Target = 0.90
+	}
+	s, fc, err := h.sinkFor(c)
+	if err != nil {
+		return r, err
+	}
+	defer s.Close()
+	var un, tr, unS, trS, cpu, cpuS float64
+	for round := range h.cfg.Rounds {
+		order := []bool{false, true}
+		if round%2 == 1 {
+			order = []bool{true, false}
+		}
+		for _, traced := range order {
+			m, err := h.once(ctx, s, fc, traced)
+			if err != nil {
+				return r, err
+			}
+			pps := float64(m.received) / m.secs
+			if traced {
+				r.TracedPPS = append(r.TracedPPS, pps)
+				tr += float64(m.received)
+				trS += m.secs
+				cpu += m.cpu.Seconds()
+				cpuS += m.cpuSecs
+				r.Events += m.sum.Events
+				r.EventsLost += m.sum.EventsLost
+			} else {
+				r.UntracedPPS = append(r.UntracedPPS, pps)
+				un += float64(m.received)
+				unS += m.secs
+			}
+			h.logf("  %-13s round %d %-8s %10.0f pkt/s (sent %d)", c.Name, round+1, map[bool]string{false: "untraced", true: "traced"}[traced], pps, m.flood.Sent)
+		}
+	}
+	r.Untraced, r.Traced = un/unS, tr/trS
+	if r.Untraced > 0 {
+		r.Ratio = r.Traced / r.Untraced
+	}
+	if cpuS > 0 {
+		r.TracerCPU = cpu / cpuS
+	}
+	return r, nil
+}
+
+func (h *harness) step(ctx context.Context, rate int) (Step, error) {
+	st := Step{Rate: rate}
+	c := Case{Name: "capacity", Forward: true, DNS: true}
+	s, fc, err := h.sinkFor(c)
+	if err != nil {
+		return st, err
+	}
+	defer s.Close()
+	fc.Rate = rate
+	fc.Sockets = max(h.cfg.Sockets, 4)
+	m, err := h.once(ctx, s, fc, true)
+	if err != nil {
+		return st, err
+	}
+	st.Seconds = m.secs
+	st.Sent = float64(m.flood.Sent) / m.secs
+	st.Received = float64(m.received) / m.secs
+	st.Answers = float64(m.flood.Answers) / m.secs
+	st.Events, st.Lost = m.sum.Events, m.sum.EventsLost
+	st.EventsPS = float64(m.sum.Events) / m.secs
+	st.Queries, st.Answered = m.sum.Queries.Queries, m.sum.Queries.Answered
+	st.Incidents = m.incidents
+	st.TracerCPU = m.cpu.Seconds() / m.cpuSecs
+	st.RSS, st.PeakRSS = m.rss, m.hwm
+	st.Reached = st.Sent >= 0.95*float64(rate)
+	h.logf("  capacity %7d/s: sent %.0f/s, received %.0f/s, answers %.0f/s, events %d (%.0f/s), lost %d, tracer %.2f cores, RSS %.1f MB",
+		rate, st.Sent, st.Received, st.Answers, st.Events, st.EventsPS, st.Lost, st.TracerCPU, float64(st.RSS)/1e6)
+	return st, nil
+}
+
+// WriteText prints a result as tables.
+func WriteText(w io.Writer, r *Result) {
+	fmt.Fprintf(w, "kernel %s, %d CPUs, %s tier, %.0fs floods\n\n", r.Kernel, r.CPUs, r.Tier, r.Duration)
+	if len(r.Cases) > 0 {
+		fmt.Fprintf(w, "%-13s %12s %12s %7s %7s %11s %10s %8s\n", "case", "untraced/s", "traced/s", "ratio", "target", "tracer CPU", "events", "lost")
+		for _, c := range r.Cases {
+			mark := "ok"
+			if c.Ratio < c.Target {
+				mark = "MISSED"
+			}
+			fmt.Fprintf(w, "%-13s %12.0f %12.0f %7.3f %4.2f %-2s %8.2f c %10d %8d\n",
+				c.Name, c.Untraced, c.Traced, c.Ratio, c.Target, mark[:2], c.TracerCPU, c.Events, c.EventsLost)
+		}
+		fmt.Fprintln(w)
+	}
+	if len(r.Capacity) > 0 {
+		fmt.Fprintf(w, "%9s %10s %10s %10s %10s %8s %9s %9s %8s\n", "rate", "sent/s", "recv/s", "answers/s", "events/s", "lost", "queries", "CPU", "RSS MB")
+		for _, s := range r.Capacity {
+			fmt.Fprintf(w, "%9d %10.0f %10.0f %10.0f %10.0f %8d %9d %7.2f c %8.1f\n",
+				s.Rate, s.Sent, s.Received, s.Answers, s.EventsPS, s.Lost, s.Queries, s.TracerCPU, float64(s.RSS)/1e6)
+		}
+		fmt.Fprintf(w, "highest rate traced with zero lost events: %d queries/s\n", r.MaxZeroLoss)
+	}
+}
+
+// Problems lists what makes a smoke run fail: events lost, malformed
+// records, or a tracer that saw fewer queries than the responder got.
+func Problems(r *Result) []string {
+	var p []string
+	for _, s := range r.Capacity {
+		if s.Lost > 0 {
+			p = append(p, fmt.Sprintf("%d events lost at %d queries/s", s.Lost, s.Rate))
+		}
+		if float64(s.Queries) < s.Received*0.99*s.Seconds {
+			p = append(p, fmt.Sprintf("at %d queries/s the tracer saw %d queries, the responder %.0f", s.Rate, s.Queries, s.Received*s.Seconds))
+		}
+	}
+	return p
+}

@@ -1,0 +1,84 @@
+package perf
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// Sink counts the datagrams arriving at one address inside a namespace;
+// with Answer it is also a minimal DNS responder: every datagram goes back
+// to its sender with the QR bit set (an answer to the correlator).
+type Sink struct {
+	fds      []int
+	received atomic.Uint64
+	answered atomic.Uint64
+	stop     atomic.Bool
+	wg       sync.WaitGroup
+}
+
+// StartSink binds workers SO_REUSEPORT sockets to addr in ns and counts.
+func StartSink(ns string, addr netip.AddrPort, answer bool, workers int) (*Sink, error) {
+	if workers <= 0 {
+		workers = 2
+	}
+	s := &Sink{}
+	for range workers {
+		fd, err := udpSocket(ns, addr, netip.AddrPort{}, true)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("sink: %w", err)
+		}
+		s.fds = append(s.fds, fd)
+	}
+	for _, fd := range s.fds {
+		s.wg.Add(1)
+		go s.loop(fd, answer)
+	}
+	return s, nil
+}
+
+func (s *Sink) loop(fd int, answer bool) {
+	defer s.wg.Done()
+	m := newMmsg(floodBatch, 2048, answer)
+	for !s.stop.Load() {
+		m.prepRecv()
+		n, err := recvmmsg(fd, m.hdrs)
+		if err != nil || n <= 0 {
+			continue
+		}
+		s.received.Add(uint64(n))
+		if !answer {
+			continue
+		}
+		for i := range n {
+			l := int(m.hdrs[i].Len)
+			if l >= 12 {
+				m.bufs[i][2] |= 0x80 // QR: a response
+			}
+			m.iovs[i].SetLen(l)
+		}
+		if k, err := sendmmsg(fd, m.hdrs[:n]); err == nil {
+			s.answered.Add(uint64(k))
+		}
+	}
+}
+
+// Received is the number of datagrams counted so far.
+func (s *Sink) Received() uint64 { return s.received.Load() }
+
+// Answered is the number of answers sent so far.
+func (s *Sink) Answered() uint64 { return s.answered.Load() }
+
+// Close stops the workers and closes the sockets.
+func (s *Sink) Close() {
+	s.stop.Store(true)
+	s.wg.Wait()
+	for _, fd := range s.fds {
+		unix.Close(fd)
+	}
+	s.fds = nil
+}

@@ -1,0 +1,120 @@
+package perf
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// TraceSummary is the part of `dnsrace trace --json`'s summary line the
+// harness reads.
+type TraceSummary struct {
+	Events     uint64   `json:"events"`
+	EventsLost uint64   `json:"events_lost"`
+	Malformed  uint64   `json:"events_malformed"`
+	Mismatch   []string `json:"mismatch"`
+	Queries    struct {
+		Queries  uint64 `json:"queries"`
+		Answered uint64 `json:"answered"`
+		InFlight int    `json:"in_flight"`
+		Evicted  uint64 `json:"evicted"`
+	} `json:"queries"`
+}
+
+// tracerProc is a `dnsrace trace --json` child process.
+type tracerProc struct {
+	cmd    *exec.Cmd
+	out    bytes.Buffer
+	errb   bytes.Buffer
+	dir    string
+	exited chan error
+}
+
+// startTracer runs exe's trace subcommand and waits until every probe is
+// attached. The tracer stops by itself after limit (a safety net: stop
+// ends it long before). No Pdeathsig: it fires when the forking OS thread
+// exits, and nsutil.Do may lock that very thread and throw it away.
+func startTracer(exe string, limit time.Duration, extra []string) (*tracerProc, error) {
+	dir, err := os.MkdirTemp("", "dnsrace-bench-")
+	if err != nil {
+		return nil, err
+	}
+	ready := filepath.Join(dir, "ready")
+	args := append([]string{"trace", "--json", "--attach", "tracepoint", "--ready-file", ready, "--duration", limit.String()}, extra...)
+	t := &tracerProc{cmd: exec.Command(exe, args...), dir: dir, exited: make(chan error, 1)}
+	t.cmd.Stdout, t.cmd.Stderr = &t.out, &t.errb
+	if err := t.cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("starting the tracer: %w", err)
+	}
+	go func() { t.exited <- t.cmd.Wait() }()
+	deadline := time.After(60 * time.Second)
+	for {
+		if _, err := os.Stat(ready); err == nil {
+			return t, nil
+		}
+		select {
+		case err := <-t.exited:
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("tracer exited before it was ready (%v): %s", err, bytes.TrimSpace(t.errb.Bytes()))
+		case <-deadline:
+			t.kill()
+			return nil, errors.New("tracer not ready within 60s")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (t *tracerProc) pid() int { return t.cmd.Process.Pid }
+
+func (t *tracerProc) kill() {
+	_ = t.cmd.Process.Kill()
+	<-t.exited
+	os.RemoveAll(t.dir)
+}
+
+// stop sends SIGTERM, waits for the summary and returns it with the
+// number of incident lines.
+func (t *tracerProc) stop() (*TraceSummary, int, error) {
+	defer os.RemoveAll(t.dir)
+	_ = t.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-t.exited:
+	case <-time.After(60 * time.Second):
+		_ = t.cmd.Process.Kill()
+		<-t.exited
+		return nil, 0, errors.New("tracer did not stop within 60s of SIGTERM")
+	}
+	var sum *TraceSummary
+	incidents := 0
+	sc := bufio.NewScanner(&t.out)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var head struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(sc.Bytes(), &head) != nil {
+			continue
+		}
+		switch head.Type {
+		case "incident":
+			incidents++
+		case "summary":
+			sum = &TraceSummary{}
+			if err := json.Unmarshal(sc.Bytes(), sum); err != nil {
+				return nil, incidents, fmt.Errorf("tracer summary: %w", err)
+			}
+		}
+	}
+	if sum == nil {
+		return nil, incidents, fmt.Errorf("tracer wrote no summary: %s", bytes.TrimSpace(t.errb.Bytes()))
+	}
+	return sum, incidents, nil
+}
