@@ -39,6 +39,9 @@ type Config struct {
 	Wall func(mono uint64) time.Time
 }
 
+// DefaultMaxQueries is Config.MaxQueries when left 0.
+const DefaultMaxQueries = 1 << 18
+
 func (c *Config) defaults() {
 	if c.MinRetryGap == 0 {
 		c.MinRetryGap = 400 * time.Millisecond
@@ -53,7 +56,7 @@ func (c *Config) defaults() {
 		c.ResolverTimeout = 5 * time.Second
 	}
 	if c.MaxQueries == 0 {
-		c.MaxQueries = 1 << 18
+		c.MaxQueries = DefaultMaxQueries
 	}
 	if c.ReasonName == nil {
 		c.ReasonName = func(v uint32) string { return "reason_" + itoa(int(v)) }
