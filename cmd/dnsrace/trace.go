@@ -4,16 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 
+	"github.com/dnsrace/dnsrace/internal/correlate"
+	"github.com/dnsrace/dnsrace/internal/ctstats"
 	"github.com/dnsrace/dnsrace/internal/event"
+	"github.com/dnsrace/dnsrace/internal/metrics"
+	"github.com/dnsrace/dnsrace/internal/pcapout"
+	"github.com/dnsrace/dnsrace/internal/podinfo"
 	"github.com/dnsrace/dnsrace/internal/probe"
 	"github.com/dnsrace/dnsrace/internal/trace"
 )
@@ -38,6 +47,9 @@ Examples:
   sudo dnsrace trace --list-probes
   sudo dnsrace trace --attach tracepoint --netns /run/netns/dnsrace-node
   sudo dnsrace trace --kernel-btf /var/lib/btf/$(uname -r).btf
+  sudo dnsrace trace --pcap stalls.pcapng --metrics-addr :9153
+  sudo dnsrace trace --json --output-file /var/log/dnsrace.jsonl --output-max-size 100M
+  dnsrace trace --proc-root /host/proc --root /host   # in kubectl debug node/NAME
 
 Flags:
 `
@@ -53,6 +65,15 @@ type traceFlags struct {
 	readyFile  string
 	ringSize   uint32
 	procRoot   string
+	root       string
+	pods       bool
+	pcap       string
+	metrics    string
+	podLabels  bool
+	maxPods    int
+	outFile    string
+	outMax     byteSize
+	progress   string
 }
 
 func (f *traceFlags) register(fs *pflag.FlagSet) {
@@ -66,6 +87,40 @@ func (f *traceFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.readyFile, "ready-file", "", "write this file once every probe is attached (for scripts)")
 	fs.Uint32Var(&f.ringSize, "ring-buffer-size", probe.DefaultRingBufferSize, "ring buffer size in bytes (a power of two multiple of the page size)")
 	fs.StringVar(&f.procRoot, "proc-root", "/proc", "where the host's /proc is (kubectl debug: /host/proc)")
+	fs.StringVar(&f.root, "root", "/", "where the host's / is, for /var/log/pods, /var/log/containers and /sys/fs/cgroup (kubectl debug: /host)")
+	fs.BoolVar(&f.pods, "pods", true, "name the pod, namespace and container of every incident (from cgroups and /var/log/pods; no API server)")
+	fs.StringVar(&f.pcap, "pcap", "", "write each incident's packets to this pcapng file (reconstructed from traced headers, one comment per packet)")
+	fs.StringVar(&f.metrics, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (e.g. :9153)")
+	fs.BoolVar(&f.podLabels, "metrics-pod-labels", false, "add dnsrace_pod_incidents_total{namespace,pod,cause} (capped by --metrics-max-pods)")
+	fs.IntVar(&f.maxPods, "metrics-max-pods", 200, "distinct pods labelled before the others count as pod=\"other\"")
+	fs.StringVar(&f.outFile, "output-file", "", "write incidents and the summary to this file instead of stdout")
+	fs.Var(&f.outMax, "output-max-size", "rotate --output-file once to FILE.1 when it would grow past this size (e.g. 100M; 0: no limit)")
+	fs.StringVar(&f.progress, "progress", "auto", "progress line on stderr: auto (when stderr is a terminal), always or never")
+}
+
+// byteSize is a size flag: a number of bytes with an optional K, M or G
+// (powers of 1024) suffix.
+type byteSize int64
+
+func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+func (b *byteSize) Type() string   { return "SIZE" }
+func (b *byteSize) Set(s string) error {
+	mult := int64(1)
+	t := strings.TrimSuffix(strings.ToUpper(s), "B")
+	switch {
+	case strings.HasSuffix(t, "K"):
+		mult, t = 1<<10, strings.TrimSuffix(t, "K")
+	case strings.HasSuffix(t, "M"):
+		mult, t = 1<<20, strings.TrimSuffix(t, "M")
+	case strings.HasSuffix(t, "G"):
+		mult, t = 1<<30, strings.TrimSuffix(t, "G")
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 {
+		return fmt.Errorf("want a size like 4096, 512K, 100M or 1G, got %q", s)
+	}
+	*b = byteSize(n * mult)
+	return nil
 }
 
 // probeOptions checks the flags and the machine and returns probe options.
@@ -139,16 +194,103 @@ func runTrace(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := f.checkOutputFlags(); err != nil {
+		return err
+	}
 	if err := requireRoot("dnsrace trace"); err != nil {
 		return err
 	}
 	if err := checkConntrack(f.procRoot); err != nil {
 		return err
 	}
-	s, err := trace.Start(trace.Options{Probe: opts, Out: os.Stdout, JSON: f.json, ReadyFile: f.readyFile, ProcRoot: f.procRoot})
+	if w := hostViewWarning(f.procRoot, f.root); w != "" {
+		fmt.Fprintln(os.Stderr, "warning: "+w)
+	}
+
+	var out io.Writer = os.Stdout
+	if f.outFile != "" {
+		rf, err := openRotating(f.outFile, int64(f.outMax))
+		if err != nil {
+			return err
+		}
+		defer rf.Close()
+		out = rf
+	}
+	var prog *progress
+	if f.progress == "always" || (f.progress == "auto" && isTerminal(os.Stderr)) {
+		prog = &progress{w: os.Stderr, started: time.Now()}
+		if f.outFile == "" {
+			// Incidents on the same terminal: clear the progress line first.
+			out = prog.clearing(out)
+		}
+	}
+
+	var sess atomic.Pointer[trace.Session]
+	var m *metrics.Metrics
+	if f.metrics != "" {
+		m = metrics.New(metrics.Config{PodLabels: f.podLabels, MaxPods: f.maxPods}, metrics.Source{
+			EventsLost: func() uint64 {
+				if s := sess.Load(); s != nil {
+					return s.Live().EventsLost
+				}
+				return 0
+			},
+			Probes: func() []metrics.Probe {
+				s := sess.Load()
+				if s == nil {
+					return nil
+				}
+				var ps []metrics.Probe
+				for _, p := range s.Probes() {
+					ps = append(ps, metrics.Probe{Hook: p.Hook, Tier: p.Tier.String(), Attached: p.Attached})
+				}
+				return ps
+			},
+			Conntrack: func() map[uint32]ctstats.Counters {
+				if s := sess.Load(); s != nil {
+					return s.Conntrack()
+				}
+				return nil
+			},
+		})
+		srv, err := metrics.Serve(f.metrics, m)
+		if err != nil {
+			return usageError{err}
+		}
+		defer srv.Close()
+	}
+	var pw *pcapout.Writer
+	if f.pcap != "" {
+		if pw, err = pcapout.Create(f.pcap); err != nil {
+			return err
+		}
+		defer func() {
+			if err := pw.Close(); err != nil {
+				fmt.Fprintln(os.Stderr, "dnsrace trace: "+err.Error())
+			}
+		}()
+	}
+	topts := trace.Options{Probe: opts, Out: out, JSON: f.json, ReadyFile: f.readyFile, ProcRoot: f.procRoot}
+	if f.pods && !f.listProbes {
+		topts.Pods = podinfo.New(podinfo.Config{ProcRoot: f.procRoot, Root: f.root})
+	}
+	pcapFailed := false
+	topts.OnIncident = func(inc *correlate.Incident) {
+		if m != nil {
+			m.Observe(inc)
+		}
+		if pw != nil && !pcapFailed {
+			if err := pw.WriteIncident(inc); err != nil {
+				pcapFailed = true
+				fmt.Fprintln(os.Stderr, "dnsrace trace: "+err.Error()+" (no more packets written)")
+			}
+		}
+	}
+	s, err := trace.Start(topts)
 	if err != nil {
 		return fmt.Errorf("starting the tracer: %w", err)
 	}
+	sess.Store(s)
 	if f.listProbes {
 		printProbes(s.Probes())
 		s.Stop()
@@ -168,10 +310,192 @@ func runTrace(ctx context.Context, args []string) error {
 		ctx, cancel = context.WithTimeout(ctx, f.duration)
 		defer cancel()
 	}
-	<-ctx.Done()
+	if prog != nil {
+		prog.run(ctx, s)
+	} else {
+		<-ctx.Done()
+	}
 	sum := s.Stop()
-	trace.WriteSummary(os.Stdout, sum, f.json)
+	trace.WriteSummary(out, sum, f.json)
 	return nil
+}
+
+// checkOutputFlags validates the output, progress and metrics flags.
+func (f *traceFlags) checkOutputFlags() error {
+	switch f.progress {
+	case "auto", "always", "never":
+	default:
+		return usagef("--progress %q: want auto, always or never", f.progress)
+	}
+	if f.outMax > 0 && f.outFile == "" {
+		return usagef("--output-max-size needs --output-file")
+	}
+	if f.outMax > 0 && f.outMax < 4096 {
+		return usagef("--output-max-size %d: want at least 4096 bytes", f.outMax)
+	}
+	if f.maxPods < 1 {
+		return usagef("--metrics-max-pods must be at least 1")
+	}
+	if f.podLabels && f.metrics == "" {
+		return usagef("--metrics-pod-labels needs --metrics-addr")
+	}
+	if f.pcap != "" && f.pcap == f.outFile {
+		return usagef("--pcap and --output-file are the same file")
+	}
+	return nil
+}
+
+// hostViewWarning says when this process does not see the host's
+// processes: inside a container with the host's /proc mounted at
+// /host/proc (a kubectl debug pod or a DaemonSet without hostPID) but
+// --proc-root left at /proc. kubectl debug node/NAME pods share the host's
+// PID namespace, so there /proc/1 is the host's init and nothing is said.
+func hostViewWarning(procRoot, root string) string {
+	const hostProc = "/host/proc"
+	if procRoot != "/proc" {
+		return ""
+	}
+	host, ok1 := nsInode(filepath.Join(hostProc, "1/ns/net"))
+	mine, ok2 := nsInode("/proc/1/ns/net")
+	if !ok1 || !ok2 || host == mine {
+		return ""
+	}
+	w := "/host/proc is another PID namespace's /proc (this is a container): pods' processes and their namespaces are found through --proc-root, pass --proc-root /host/proc"
+	if root == "/" {
+		w += " --root /host"
+	}
+	return w
+}
+
+func nsInode(path string) (uint64, bool) {
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) != nil {
+		return 0, false
+	}
+	return st.Ino, true
+}
+
+// rotatingFile is --output-file: when a write would take it past max
+// bytes, it is renamed to PATH.1 (replacing the previous PATH.1) and a new
+// PATH is started, so at most about 2*max bytes stay on disk. A write is
+// one incident line (or the summary), so no line is split.
+type rotatingFile struct {
+	mu   sync.Mutex
+	path string
+	max  int64
+	f    *os.File
+	size int64
+}
+
+func openRotating(path string, max int64) (*rotatingFile, error) {
+	r := &rotatingFile{path: path, max: max}
+	if err := r.open(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *rotatingFile) open() error {
+	f, err := os.OpenFile(r.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("opening the output file: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("opening the output file: %w", err)
+	}
+	r.f, r.size = f, st.Size()
+	return nil
+}
+
+func (r *rotatingFile) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.max > 0 && r.size > 0 && r.size+int64(len(p)) > r.max {
+		r.f.Close()
+		if err := os.Rename(r.path, r.path+".1"); err != nil {
+			return 0, fmt.Errorf("rotating the output file: %w", err)
+		}
+		if err := r.open(); err != nil {
+			return 0, err
+		}
+	}
+	n, err := r.f.Write(p)
+	r.size += int64(n)
+	return n, err
+}
+
+func (r *rotatingFile) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.f.Close()
+}
+
+// progress draws one status line on a terminal, redrawn every second and
+// cleared before anything else is written to the same terminal.
+type progress struct {
+	mu      sync.Mutex
+	w       io.Writer
+	started time.Time
+	shown   bool
+	last    string
+}
+
+func (p *progress) run(ctx context.Context, s *trace.Session) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			p.mu.Lock()
+			p.clearLocked()
+			p.mu.Unlock()
+			return
+		case <-t.C:
+			l := s.Live()
+			line := fmt.Sprintf("tracing %s: %d queries, %d incidents, %d events, %d lost",
+				time.Since(p.started).Truncate(time.Second), l.Queries, l.Incidents, l.Events, l.EventsLost)
+			p.mu.Lock()
+			p.last = line
+			fmt.Fprintf(p.w, "\r\033[K%s", line)
+			p.shown = true
+			p.mu.Unlock()
+		}
+	}
+}
+
+func (p *progress) clearLocked() {
+	if p.shown {
+		fmt.Fprint(p.w, "\r\033[K")
+		p.shown = false
+	}
+}
+
+// clearing wraps w (the same terminal): the line is cleared before each
+// write and redrawn after it.
+func (p *progress) clearing(w io.Writer) io.Writer {
+	return writerFunc(func(b []byte) (int, error) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		redraw := p.shown
+		p.clearLocked()
+		n, err := w.Write(b)
+		if redraw {
+			fmt.Fprintf(p.w, "\r\033[K%s", p.last)
+			p.shown = true
+		}
+		return n, err
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 // printProbes lists each hook's tier, and why a better tier was not used.

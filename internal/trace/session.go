@@ -17,6 +17,7 @@ import (
 	"github.com/dnsrace/dnsrace/internal/ctstats"
 	"github.com/dnsrace/dnsrace/internal/event"
 	"github.com/dnsrace/dnsrace/internal/ksym"
+	"github.com/dnsrace/dnsrace/internal/podinfo"
 	"github.com/dnsrace/dnsrace/internal/probe"
 )
 
@@ -36,6 +37,9 @@ type Options struct {
 	Correlate correlate.Config
 	// ProcRoot is where /proc is (for kubectl debug: /host/proc).
 	ProcRoot string
+	// Pods, when set, names the pod and container of every incident
+	// before it is written.
+	Pods *podinfo.Resolver
 }
 
 // Session is one running trace.
@@ -103,11 +107,14 @@ func Start(opts Options) (*Session, error) {
 func (s *Session) read(ctx context.Context) {
 	defer close(s.done)
 	s.readErr = s.tracer.Read(ctx, func(e *event.Event) {
+		s.mu.Lock()
+		// ctNS is read by Conntrack while the session runs: it changes
+		// under s.mu (a first sight is rare, so the baseline's cost
+		// under the lock is too).
 		if e.CT.Ptr != 0 && !s.ctNS[e.NetNS] {
 			s.ctNS[e.NetNS] = true
 			s.ns.Seen(e.NetNS)
 		}
-		s.mu.Lock()
 		s.events++
 		s.corr.Handle(e)
 		s.mu.Unlock()
@@ -138,6 +145,9 @@ func monoNow() uint64 {
 // incident runs under s.mu (the correlator calls it).
 func (s *Session) incident(inc *correlate.Incident) {
 	s.counts[inc.Cause]++
+	if s.opts.Pods != nil {
+		Attribute(s.opts.Pods, inc)
+	}
 	if s.out != nil {
 		_ = s.out.Encode(inc)
 	} else {
@@ -146,6 +156,45 @@ func (s *Session) incident(inc *correlate.Incident) {
 	if s.opts.OnIncident != nil {
 		s.opts.OnIncident(inc)
 	}
+}
+
+// Live is what a running session has seen so far.
+type Live struct {
+	Events     uint64
+	EventsLost uint64
+	Queries    uint64
+	Incidents  int
+}
+
+// Live reads the session's running counts (safe while it runs).
+func (s *Session) Live() Live {
+	s.mu.Lock()
+	l := Live{Events: s.events, Queries: s.corr.Stats().Queries}
+	for _, n := range s.counts {
+		l.Incidents += n
+	}
+	s.mu.Unlock()
+	l.EventsLost = s.tracer.Lost()
+	return l
+}
+
+// Conntrack reads, now, the kernel's conntrack counters of every namespace
+// where DNS flows were seen tracked, as deltas since that namespace's
+// baseline (empty after Stop).
+func (s *Session) Conntrack() map[uint32]ctstats.Counters {
+	out := map[uint32]ctstats.Counters{}
+	s.mu.Lock()
+	ids := make([]uint32, 0, len(s.ctNS))
+	for ns := range s.ctNS {
+		ids = append(ids, ns)
+	}
+	s.mu.Unlock()
+	for _, ns := range ids {
+		if d, ok := s.ns.Delta(ns); ok {
+			out[ns] = d
+		}
+	}
+	return out
 }
 
 // Probes reports how each hook is traced.
@@ -274,4 +323,21 @@ func addCounters(a, b ctstats.Counters) ctstats.Counters {
 	a.ClashResolve += b.ClashResolve
 	a.ChainTooLong += b.ChainTooLong
 	return a
+}
+
+// Attribute fills the incident's pod, namespace and container from r: a
+// host process that is in no pod gets pod "host" and no namespace.
+func Attribute(r *podinfo.Resolver, inc *correlate.Incident) {
+	p, ok := r.Lookup(inc.NetNS, inc.PID, inc.Cgroup)
+	switch {
+	case !ok:
+	case p.Host:
+		inc.Pod = "host"
+	default:
+		inc.Pod, inc.Namespace, inc.Container = p.Name, p.Namespace, p.Container
+		if p.Name == "" {
+			// The log folder is gone: the UID is all there is.
+			inc.Pod = "uid:" + p.UID
+		}
+	}
 }

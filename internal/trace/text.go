@@ -17,8 +17,15 @@ func WriteIncidentText(w io.Writer, inc *correlate.Incident) {
 		cause += "/" + *inc.Race
 	}
 	fmt.Fprintf(&b, "%s %-26s %s %s netns %d", inc.Time.Format("15:04:05.000"), cause, inc.QName, inc.QType, inc.NetNS)
-	if inc.Pod != "" {
+	switch {
+	case inc.Pod == "":
+	case inc.Namespace == "":
+		fmt.Fprintf(&b, " %s", inc.Pod)
+	default:
 		fmt.Fprintf(&b, " pod %s/%s", inc.Namespace, inc.Pod)
+		if inc.Container != "" {
+			fmt.Fprintf(&b, " (%s)", inc.Container)
+		}
 	}
 	if inc.Comm != "" {
 		fmt.Fprintf(&b, " %s[%d]", inc.Comm, inc.PID)
