@@ -9,6 +9,8 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
 
 	"github.com/dnsrace/dnsrace/internal/bpf"
 	"github.com/dnsrace/dnsrace/internal/event"
@@ -260,6 +263,74 @@ func TestLost(t *testing.T) {
 	c := collect(t, tr)
 	if _, ok := c.wait(5*time.Second, func(e *event.Event) bool { return e.Kind == event.KindXmit }); !ok {
 		t.Error("nothing read after the overflow")
+	}
+}
+
+// TestClash races two datagrams of one fresh UDP flow from two CPUs
+// through a DNAT rule in the client netns, round after round, until
+// nf_ct_resolve_clash reports one; then the event must name a winner that
+// is a confirmed entry of the same flow. A race is not guaranteed, so no
+// clash after all rounds is a skip, not a failure. Needs the clash hook
+// (fentry or kprobe: DNSRACE_TEST_TIER) and two CPUs.
+func TestClash(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	tier := testTier(t)
+	if tier == event.TierTracepoint {
+		t.Skip("nf_ct_resolve_clash needs DNSRACE_TEST_TIER=fentry or kprobe")
+	}
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs two CPUs")
+	}
+	n := newTwoNS(t)
+	// DNAT in the client's own OUTPUT hook: both datagrams create and
+	// confirm their entries in process context on their own CPU.
+	nftRules(t, n.client, nftables.TableFamilyIPv4, nftables.ChainTypeNAT,
+		nftables.ChainHookOutput, nftables.ChainPriorityNATDest,
+		join(ipDaddr(vipAddr), udpDport(53), dnatTo(serverAddr))...)
+	tr := open(t, Options{Attach: tier})
+	c := collect(t, tr)
+	msg := dnsQuery(t, uniqueName(t), dns.TypeA)
+
+	const rounds = 1000
+	conns := make([]*net.UDPConn, rounds)
+	for i := range conns {
+		conns[i] = n.dial(t, "udp4", vipAddr, 53)
+	}
+	var round atomic.Int64
+	var wg sync.WaitGroup
+	for cpu := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			var set unix.CPUSet
+			set.Set(cpu)
+			unix.SchedSetaffinity(0, &set)
+			for r := range rounds {
+				for round.Load() < int64(r) { // spin: both start together
+				}
+				conns[r].Write(msg)
+				if cpu == 0 {
+					round.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	clash, ok := c.wait(3*time.Second, func(e *event.Event) bool {
+		return e.Kind == event.KindClash && e.NetNS == n.clientIno
+	})
+	if !ok {
+		t.Skipf("no clash in %d racing pairs (a race is not guaranteed)", rounds)
+	}
+	t.Logf("event: %s winner %#x %s status %#x", describe(&clash), clash.Winner.Ptr, clash.Winner.Orig, clash.Winner.Status)
+	if clash.Tier != tier || clash.CT.Ptr == 0 || clash.Winner.Ptr == 0 || clash.Winner.Ptr == clash.CT.Ptr ||
+		!clash.Winner.Confirmed() || clash.Winner.Orig != clash.CT.Orig {
+		t.Errorf("clash: loser %#x %s, winner %#x %s confirmed=%v",
+			clash.CT.Ptr, clash.CT.Orig, clash.Winner.Ptr, clash.Winner.Orig, clash.Winner.Confirmed())
 	}
 }
 
