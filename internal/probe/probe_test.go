@@ -334,6 +334,32 @@ func TestClash(t *testing.T) {
 	}
 }
 
+// TestFilters: Options.Port and Options.NetNS are applied in the kernel.
+func TestFilters(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	n := newTwoNS(t)
+	tr := open(t, Options{Attach: event.TierTracepoint, Port: 5353, NetNS: n.serverIno})
+	c := collect(t, tr)
+	q53, q5353 := uniqueName(t), uniqueName(t)
+	n.sendUDP(t, serverAddr, 53, dnsQuery(t, q53, dns.TypeA))
+	n.sendUDP(t, serverAddr, 5353, dnsQuery(t, q5353, dns.TypeA))
+	if _, ok := c.wait(5*time.Second, func(e *event.Event) bool {
+		return hasName(e, q5353) && e.Kind == event.KindRecv
+	}); !ok {
+		c.dump(t)
+		t.Fatal("no recv event for the query to port 5353 in the server netns")
+	}
+	for _, e := range c.all() {
+		if hasName(&e, q53) {
+			t.Errorf("event for port 53 with Port 5353: %s", describe(&e))
+		}
+		if e.NetNS != n.serverIno {
+			t.Errorf("event outside the NetNS filter: %s", describe(&e))
+		}
+	}
+}
+
 // TestReadAllocs: Read allocates a fixed amount per call, nothing per
 // event.
 func TestReadAllocs(t *testing.T) {
