@@ -12,9 +12,9 @@ import (
 	"github.com/dnsrace/dnsrace/internal/event"
 )
 
-// ErrNoTracepoint is the Err of a confirm, clash or send hook when the
-// tracepoint tier was forced: those hooks have no tracepoint and need fentry
-// or kprobe.
+// ErrNoTracepoint is the Err of a function hook (confirm, clash, deliver,
+// send) when the tracepoint tier was forced: those hooks have no tracepoint
+// and need fentry or kprobe.
 var ErrNoTracepoint = errors.New("no tracepoint for this hook: needs the fentry or kprobe tier")
 
 // ProbeInfo says how one hook is traced.
