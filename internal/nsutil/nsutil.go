@@ -106,14 +106,27 @@ func Do(name string, fn func() error) error {
 	})
 }
 
-// onThread runs fn on a fresh locked OS thread that is thrown away after.
+// onThread runs fn on a locked OS thread and puts the thread back in its
+// original network namespace after. Only if that succeeds is the thread
+// unlocked; otherwise it stays locked and the runtime ends it with the
+// goroutine. Restoring matters: the goroutine may run on the main thread,
+// which Go never ends, and whose namespace is the process's
+// (/proc/self/ns/net).
 func onThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		// No UnlockOSThread: the thread may have changed namespace, so the
-		// runtime must end it when this goroutine exits.
-		errc <- fn()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- fmt.Errorf("reading the thread's network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
+		err = fn()
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
 	}()
 	return <-errc
 }
