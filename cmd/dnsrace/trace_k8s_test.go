@@ -1,0 +1,305 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	appsv1 "k8s.io/api/apps/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dnsrace/dnsrace/internal/lab"
+	"github.com/dnsrace/dnsrace/internal/nsutil"
+	"github.com/dnsrace/dnsrace/internal/podinfo"
+	"github.com/dnsrace/dnsrace/internal/podinfo/podtest"
+	"github.com/dnsrace/dnsrace/internal/testutil"
+)
+
+func TestByteSize(t *testing.T) {
+	for in, want := range map[string]int64{"4096": 4096, "512K": 512 << 10, "100M": 100 << 20, "1G": 1 << 30, "2mb": 2 << 20, "0": 0} {
+		var b byteSize
+		if err := b.Set(in); err != nil || int64(b) != want {
+			t.Errorf("%q: %d %v, want %d", in, b, err, want)
+		}
+	}
+	for _, in := range []string{"", "-1", "12Q", "M"} {
+		var b byteSize
+		if err := b.Set(in); err == nil {
+			t.Errorf("%q accepted", in)
+		}
+	}
+}
+
+// TestRotatingFile: the file rotates once to PATH.1 (replacing an older
+// one) and never splits a write.
+func TestRotatingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "out.jsonl")
+	r, err := openRotating(path, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := strings.Repeat("x", 39) + "\n" // 40 bytes
+	for i := 0; i < 7; i++ {
+		if _, err := io.WriteString(r, fmt.Sprintf("%d%s", i, line[1:])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cur, _ := os.ReadFile(path)
+	old, _ := os.ReadFile(path + ".1")
+	// 0,1 | 2,3 | 4,5 | 6: the current file holds 6, .1 holds 4 and 5.
+	if string(cur) != "6"+line[1:] || string(old) != "4"+line[1:]+"5"+line[1:] {
+		t.Errorf("current %q, .1 %q", cur, old)
+	}
+	// Appends to an existing file and counts its size.
+	r, err = openRotating(path, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(r, "7"+line[1:])
+	_, _ = io.WriteString(r, "8"+line[1:])
+	r.Close()
+	cur, _ = os.ReadFile(path)
+	old, _ = os.ReadFile(path + ".1")
+	if !strings.HasPrefix(string(cur), "8") || !strings.HasPrefix(string(old), "6") {
+		t.Errorf("after reopening: current %q, .1 %q", cur, old)
+	}
+}
+
+func TestTraceBadOutputFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"trace", "--output-max-size", "1M"},
+		{"trace", "--output-file", "/tmp/x", "--output-max-size", "100"},
+		{"trace", "--output-file", "/tmp/x", "--output-max-size", "12Q"},
+		{"trace", "--progress", "sometimes"},
+		{"trace", "--metrics-pod-labels"},
+		{"trace", "--metrics-addr", ":9153", "--metrics-max-pods", "0"},
+		{"trace", "--pcap", "/tmp/same", "--output-file", "/tmp/same"},
+	} {
+		r := runBin(t, 10*time.Second, args...)
+		if r.code != 2 || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and one line", args, r.code, r.stderr)
+		}
+	}
+}
+
+// TestDaemonSetArgs parses the DaemonSet's command line with the real flag
+// set, so the manifest cannot drift from the flags.
+func TestDaemonSetArgs(t *testing.T) {
+	b, err := os.ReadFile("../../scripts/daemonset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(b, &ds); err != nil {
+		t.Fatal(err)
+	}
+	c := ds.Spec.Template.Spec.Containers[0]
+	if c.Args[0] != "trace" {
+		t.Fatalf("args %v", c.Args)
+	}
+	var f traceFlags
+	fs := pflag.NewFlagSet("trace", pflag.ContinueOnError)
+	f.register(fs)
+	if err := fs.Parse(c.Args[1:]); err != nil {
+		t.Fatalf("the DaemonSet's args %v: %v", c.Args, err)
+	}
+	if err := f.checkOutputFlags(); err != nil {
+		t.Errorf("the DaemonSet's args %v: %v", c.Args, err)
+	}
+	// Every flag path it passes is mounted.
+	mounts := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = true
+	}
+	if !mounts[f.procRoot] || !mounts[filepath.Join(f.root, "var/log/pods")] || !mounts[filepath.Join(f.root, "sys/fs/cgroup")] {
+		t.Errorf("--proc-root %s / --root %s not backed by mounts %v", f.procRoot, f.root, mounts)
+	}
+	if c.SecurityContext.Capabilities == nil || len(c.SecurityContext.Capabilities.Add) == 0 {
+		t.Error("no capabilities")
+	}
+}
+
+// daemonSetCaps are the capabilities the DaemonSet grants, for setpriv.
+func daemonSetCaps(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../scripts/daemonset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(b, &ds); err != nil {
+		t.Fatal(err)
+	}
+	var caps []string
+	for _, c := range ds.Spec.Template.Spec.Containers[0].SecurityContext.Capabilities.Add {
+		caps = append(caps, "+"+strings.ToLower(string(c)))
+	}
+	return "-all," + strings.Join(caps, ",")
+}
+
+// TestTraceBinaryKubernetes runs the binary as the DaemonSet runs it (only
+// the manifest's capabilities, --root over a node-like tree, --json,
+// --metrics-addr) plus --pcap and --output-file, against a standing
+// rule-drop lab whose pod0 has a long-lived process in a kubelet-named
+// cgroup: one lookup, a scrape while it runs, SIGTERM, then the file, the
+// pcap (tcpdump) and the metrics are checked.
+func TestTraceBinaryKubernetes(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, tool := range []string{"setpriv", "tcpdump"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			testutil.SkipOrFail(t, tool+" is not installed")
+		}
+	}
+	const prefix = "dnsrace-e7"
+	defer assertClean(t, prefix)
+	if r := runBin(t, 60*time.Second, "lab", "up", "--scenario", "rule-drop", "--prefix", prefix); r.code != 0 {
+		t.Fatalf("lab up: %s", r.stderr)
+	}
+	defer runBin(t, 60*time.Second, "lab", "down", "--prefix", prefix)
+
+	// A node-like root: the kubelet's log folders, and sys/fs/cgroup
+	// pointing at the real cgroup v2 mount.
+	root := t.TempDir()
+	cgRoot := podinfo.New(podinfo.Config{}).CgroupRoot()
+	if err := os.MkdirAll(filepath.Join(root, "sys/fs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(cgRoot, filepath.Join(root, "sys/fs/cgroup")); err != nil {
+		t.Fatal(err)
+	}
+	node, err := podtest.NewNode(cgRoot, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pause := exec.Command(dnsraceBin, nsutil.ExecHelperArg, prefix+"-pod0", "--", "sleep", "600")
+	if err := pause.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = pause.Process.Kill()
+		_ = pause.Wait()
+		if err := node.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	if _, err := node.AddPod("shop", "checkout-7f9c", "app", pause.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	dir := t.TempDir()
+	ready, outFile, pcap := filepath.Join(dir, "ready"), filepath.Join(dir, "out.jsonl"), filepath.Join(dir, "out.pcapng")
+	var stdout, stderr bytes.Buffer
+	tr := exec.Command("setpriv", "--bounding-set="+daemonSetCaps(t), "--",
+		dnsraceBin, "trace", "--json", "--metrics-addr="+addr, "--root="+root, "--progress=never",
+		"--pcap", pcap, "--output-file", outFile, "--output-max-size", "100M", "--ready-file", ready)
+	tr.Stdout, tr.Stderr = &stdout, &stderr
+	if err := tr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) || tr.ProcessState != nil {
+			tr.Process.Kill()
+			tr.Wait()
+			t.Fatalf("no ready file after 30s: %s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	look := exec.Command(dnsraceBin, nsutil.ExecHelperArg, prefix+"-pod0", "--", "getent", "ahosts", lab.QName(0))
+	_ = look.Run()
+	time.Sleep(300 * time.Millisecond)
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		tr.Process.Kill()
+		tr.Wait()
+		t.Fatalf("scraping: %v; stderr %s", err, stderr.String())
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	_ = tr.Process.Signal(syscall.SIGTERM)
+	if err := tr.Wait(); err != nil {
+		t.Fatalf("trace exited with %v: %s", err, stderr.String())
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("stdout not empty with --output-file: %q", stdout.String())
+	}
+	metrics := string(body)
+	for _, want := range []string{`dnsrace_incidents_total{cause="rule_drop"}`, `dnsrace_probes{hook="kfree_skb",tier="tracepoint"} 1`, "dnsrace_events_lost_total 0", "dnsrace_stall_seconds_bucket"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %q:\n%s", want, metrics)
+		}
+	}
+	if strings.Contains(metrics, `dnsrace_incidents_total{cause="rule_drop"} 0`) {
+		t.Errorf("no rule_drop incident counted by the scrape:\n%s", metrics)
+	}
+
+	f, err := os.Open(outFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	podNS, _ := nsutil.Inode(prefix + "-pod0")
+	var ours []map[string]any
+	summary := false
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var obj map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &obj); err != nil {
+			t.Fatalf("not JSON Lines: %q", sc.Text())
+		}
+		if obj["type"] == "summary" {
+			summary = true
+		}
+		if obj["type"] == "incident" && uint32(obj["netns"].(float64)) == podNS {
+			ours = append(ours, obj)
+		}
+	}
+	if !summary || len(ours) == 0 {
+		t.Fatalf("summary %v, %d incidents in pod0; stderr %s", summary, len(ours), stderr.String())
+	}
+	for _, inc := range ours {
+		if inc["pod"] != "checkout-7f9c" || inc["namespace"] != "shop" {
+			t.Errorf("incident %v: want pod shop/checkout-7f9c", inc)
+		}
+	}
+	dump, err := exec.Command("tcpdump", "-nr", pcap).CombinedOutput()
+	if err != nil {
+		t.Fatalf("tcpdump: %v\n%s", err, dump)
+	}
+	inc := ours[0]
+	lost := inc["lost"].([]any)[0].(map[string]any)
+	want := fmt.Sprintf("%s > %s: %d+ AAAA? %s", dotted(inc["src"].(string)), dotted(inc["dst"].(string)), int(lost["id"].(float64)), lab.QName(0))
+	if !strings.Contains(string(dump), want) {
+		t.Errorf("tcpdump lacks %q:\n%s", want, dump)
+	}
+}
+
+func dotted(addrPort string) string {
+	i := strings.LastIndexByte(addrPort, ':')
+	return strings.Trim(addrPort[:i], "[]") + "." + addrPort[i+1:]
+}
