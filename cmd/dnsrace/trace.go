@@ -203,7 +203,7 @@ func runTrace(ctx context.Context, args []string) error {
 	if err := checkConntrack(f.procRoot); err != nil {
 		return err
 	}
-	if w := hostViewWarning(f.procRoot, f.root); w != "" {
+	if w := hostViewWarning(f.procRoot, f.root, "/host/proc"); w != "" {
 		fmt.Fprintln(os.Stderr, "warning: "+w)
 	}
 
@@ -345,26 +345,27 @@ func (f *traceFlags) checkOutputFlags() error {
 	return nil
 }
 
-// hostViewWarning says when this process does not see the host's
-// processes: inside a container with the host's /proc mounted at
-// /host/proc (a kubectl debug pod or a DaemonSet without hostPID) but
-// --proc-root left at /proc. kubectl debug node/NAME pods share the host's
-// PID namespace, so there /proc/1 is the host's init and nothing is said.
-func hostViewWarning(procRoot, root string) string {
-	const hostProc = "/host/proc"
+// hostViewWarning says when --proc-root was left at /proc although this
+// process does not see the host's processes there: the host's /proc is
+// mounted at hostProc (/host/proc: kubectl debug, a DaemonSet) and its pid
+// 1 is in another PID namespace than this process (a container without
+// hostPID). Then pods' processes, and so their namespaces, counters and pod
+// names, are invisible under /proc. kubectl debug node/NAME pods share the
+// host's PID namespace, so there nothing is said.
+func hostViewWarning(procRoot, root, hostProc string) string {
 	if procRoot != "/proc" {
 		return ""
 	}
-	host, ok1 := nsInode(filepath.Join(hostProc, "1/ns/net"))
-	mine, ok2 := nsInode("/proc/1/ns/net")
+	host, ok1 := nsInode(filepath.Join(hostProc, "1/ns/pid"))
+	mine, ok2 := nsInode("/proc/self/ns/pid")
 	if !ok1 || !ok2 || host == mine {
 		return ""
 	}
-	w := "/host/proc is another PID namespace's /proc (this is a container): pods' processes and their namespaces are found through --proc-root, pass --proc-root /host/proc"
+	w := fmt.Sprintf("this process is in a PID namespace of its own and %s is the host's: pass --proc-root %s", hostProc, hostProc)
 	if root == "/" {
-		w += " --root /host"
+		w += " --root " + filepath.Dir(hostProc)
 	}
-	return w
+	return w + " (else pods' processes, namespaces and names are not found)"
 }
 
 func nsInode(path string) (uint64, bool) {

@@ -303,3 +303,39 @@ func dotted(addrPort string) string {
 	i := strings.LastIndexByte(addrPort, ':')
 	return strings.Trim(addrPort[:i], "[]") + "." + addrPort[i+1:]
 }
+
+// TestHostViewWarning: a fake /host/proc whose pid 1 is in another PID
+// namespace (a real one, made for the test) triggers the warning; one in
+// ours does not, nor does an explicit --proc-root.
+func TestHostViewWarning(t *testing.T) {
+	testutil.RequireRoot(t)
+	other := exec.Command("sleep", "60")
+	other.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID, Pdeathsig: syscall.SIGKILL}
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Process.Kill(); _ = other.Wait() }()
+	mk := func(target string) string {
+		dir := filepath.Join(t.TempDir(), "host", "proc")
+		if err := os.MkdirAll(filepath.Join(dir, "1/ns"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, filepath.Join(dir, "1/ns/pid")); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	foreign := mk(fmt.Sprintf("/proc/%d/ns/pid", other.Process.Pid))
+	if w := hostViewWarning("/proc", "/", foreign); !strings.Contains(w, "--proc-root "+foreign) || !strings.Contains(w, "--root "+filepath.Dir(foreign)) {
+		t.Errorf("foreign PID namespace: warning %q", w)
+	}
+	if w := hostViewWarning(foreign, "/", foreign); w != "" {
+		t.Errorf("--proc-root given: warning %q", w)
+	}
+	if w := hostViewWarning("/proc", "/", mk("/proc/self/ns/pid")); w != "" {
+		t.Errorf("same PID namespace: warning %q", w)
+	}
+	if w := hostViewWarning("/proc", "/", "/nonexistent/proc"); w != "" {
+		t.Errorf("no /host/proc: warning %q", w)
+	}
+}
