@@ -218,7 +218,7 @@ func Packets(inc *correlate.Incident) ([]Packet, error) {
 		}
 		out = append(out, Packet{Time: t, Data: data, Comment: c + tail})
 	}
-	if s := inc.Sibling; s != nil {
+	if s := inc.Sibling; s != nil && !lostID(inc, s.ID, s.QType) {
 		t := inc.Time.Add(time.Duration(s.GapUs * 1e3))
 		data, err := build(src, dst, s.ID, inc.QName, s.QType, false)
 		if err != nil {
@@ -236,6 +236,17 @@ func Packets(inc *correlate.Incident) ([]Packet, error) {
 		}
 	}
 	return out, nil
+}
+
+// lostID reports whether the query id/qtype is one of the lost packets
+// (a sibling lost too is written once, as lost).
+func lostID(inc *correlate.Incident, id uint16, qtype string) bool {
+	for _, l := range inc.Lost {
+		if l.ID == id && l.QType == qtype {
+			return true
+		}
+	}
+	return false
 }
 
 // build serializes IP + UDP + DNS (header and question).

@@ -37,6 +37,26 @@ func incident6() *correlate.Incident {
 	return inc
 }
 
+// A sibling that was lost too is written once, as lost.
+func TestSiblingLostToo(t *testing.T) {
+	inc := incident()
+	inc.Lost = append(inc.Lost, correlate.Packet{QType: "AAAA", ID: 50853, SentNs: 1090})
+	inc.Sibling.Answered, inc.Sibling.Lost = false, true
+	pkts, err := pcapout.Packets(inc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pkts) != 2 {
+		t.Fatalf("%d packets, want 2 (A and AAAA lost)", len(pkts))
+	}
+	if !strings.Contains(pkts[1].Comment, "LOST query AAAA id 50853") {
+		t.Errorf("second packet: %q", pkts[1].Comment)
+	}
+	if d := pkts[1].Time.Sub(pkts[0].Time); d != 90 {
+		t.Errorf("second packet %v after the first, want 90ns", d)
+	}
+}
+
 func TestWriteAndRead(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "out.pcapng")
 	w, err := pcapout.Create(path)
