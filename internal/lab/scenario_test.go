@@ -12,7 +12,7 @@ import (
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
-const testPrefix = "dnsrace-t"
+const testPrefix = "dnsrace-tl"
 
 // assertNothingLeft fails t if the lab left a namespace, an /etc/netns
 // folder, a state file or a process behind.
