@@ -339,3 +339,30 @@ func TestHostViewWarning(t *testing.T) {
 		t.Errorf("no /host/proc: warning %q", w)
 	}
 }
+
+// TestTraceProgress: on a terminal (script(1) gives the binary a pty) the
+// progress line is drawn on stderr and cleared before the summary; piped,
+// there is none. --duration ends both with the summary.
+func TestTraceProgress(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("script"); err != nil {
+		testutil.SkipOrFail(t, "script(1) is not installed (util-linux)")
+	}
+	out, err := exec.Command("script", "-qfec", dnsraceBin+" trace --duration 2500ms", "/dev/null").CombinedOutput()
+	if err != nil {
+		t.Fatalf("trace on a pty: %v\n%q", err, out)
+	}
+	s := string(out)
+	draw := strings.Index(s, "\r\x1b[Ktracing ")
+	sum := strings.Index(s, "summary after")
+	if draw < 0 || sum < draw || !strings.Contains(s, " queries, ") || !strings.Contains(s, " lost") {
+		t.Errorf("no progress line before the summary on a pty:\n%q", s)
+	}
+	if lastDraw, clear := strings.LastIndex(s[:sum], "\r\x1b[Ktracing "), strings.LastIndex(s[:sum], "\r\x1b[K"); clear <= lastDraw {
+		t.Errorf("progress line not cleared before the summary:\n%q", s)
+	}
+	r := runBin(t, 30*time.Second, "trace", "--duration", "1500ms")
+	if r.code != 0 || strings.Contains(r.stderr, "\x1b[K") || !strings.Contains(r.stdout, "summary after") {
+		t.Errorf("piped: exit %d, stderr %q, stdout %q", r.code, r.stderr, r.stdout)
+	}
+}

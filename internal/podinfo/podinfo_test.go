@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -179,4 +180,29 @@ func TestRealCgroup(t *testing.T) {
 	if p, ok := r.Lookup(uint32(st.Ino), self, 0); !ok || !p.Host || p.UID != "" {
 		t.Errorf("this test's process: %+v %v, want host", p, ok)
 	}
+}
+
+// FuzzParseCgroupPath: any /proc/<pid>/cgroup path parses without
+// panicking, and a UID found has no underscore left and a container ID is
+// 64 hex digits.
+func FuzzParseCgroupPath(f *testing.F) {
+	f.Add("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_0000_1111_2222_333344445555.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope")
+	f.Add("/kubepods/burstable/pod1a2b3c4d-0000-1111-2222-333344445555/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+	f.Add("/../../kubepods-pod_.slice")
+	f.Add("/")
+	f.Fuzz(func(t *testing.T, path string) {
+		uid, cid, ok := podinfo.ParseCgroupPath(path)
+		if !ok {
+			if uid != "" || cid != "" {
+				t.Fatalf("%q: not ok but %q %q", path, uid, cid)
+			}
+			return
+		}
+		if uid == "" || strings.Contains(uid, "_") {
+			t.Fatalf("%q: uid %q", path, uid)
+		}
+		if cid != "" && len(cid) != 64 {
+			t.Fatalf("%q: container id %q", path, cid)
+		}
+	})
 }

@@ -60,6 +60,10 @@ type Session struct {
 	readErr error
 	stopped bool
 	monoOff time.Duration
+	// closed and lostAtStop (under mu): the tracer is closed, and the
+	// events it had lost by then.
+	closed     bool
+	lostAtStop uint64
 }
 
 // Start loads the probes and starts reading.
@@ -169,12 +173,17 @@ type Live struct {
 // Live reads the session's running counts (safe while it runs).
 func (s *Session) Live() Live {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	l := Live{Events: s.events, Queries: s.corr.Stats().Queries}
 	for _, n := range s.counts {
 		l.Incidents += n
 	}
-	s.mu.Unlock()
-	l.EventsLost = s.tracer.Lost()
+	if s.closed {
+		// The kernel's counter went with the programs: the last reading.
+		l.EventsLost = s.lostAtStop
+	} else {
+		l.EventsLost = s.tracer.Lost()
+	}
 	return l
 }
 
@@ -304,6 +313,7 @@ func (s *Session) Stop() *Summary {
 		sum.Mismatch = append(sum.Mismatch, fmt.Sprintf("%d events lost: the ring buffer was full", sum.EventsLost))
 	}
 	s.ns.close()
+	s.lostAtStop, s.closed = sum.EventsLost, true
 	_ = s.tracer.Close()
 	if s.readErr != nil && !errors.Is(s.readErr, context.Canceled) {
 		sum.Mismatch = append(sum.Mismatch, "reading events: "+s.readErr.Error())
