@@ -55,6 +55,8 @@ type Resolver struct {
 	byCgroup  map[uint64]cached
 	cgPaths   map[uint64]string // cgroup id -> path relative to CgroupRoot
 	cgScanned time.Time
+	nsPids    map[uint32][]uint32 // netns -> processes in it
+	nsScanned time.Time
 	pods      map[string][2]string // uid -> namespace, name
 	ctrs      map[string]string    // container id -> container name
 	logsRead  time.Time
@@ -179,6 +181,11 @@ func (r *Resolver) netnsLocked(netns uint32) (Pod, bool) {
 	var p Pod
 	ok := false
 	for _, pid := range r.pidsIn(netns) {
+		// The walk may be a few seconds old: the pid must still be in
+		// netns (not gone, nor reused by another pod's process).
+		if ino, in := inode(filepath.Join(r.cfg.ProcRoot, strconv.FormatUint(uint64(pid), 10), "ns/net")); !in || ino != netns {
+			continue
+		}
 		if p, ok = r.fromPID(pid); ok {
 			break
 		}
@@ -190,23 +197,34 @@ func (r *Resolver) netnsLocked(netns uint32) (Pod, bool) {
 	return p, ok
 }
 
-// pidsIn lists the processes whose network namespace is netns.
+// pidsIn lists the processes whose network namespace is netns. One walk
+// of PROC maps every namespace to its processes; it is redone when older
+// than TTL, or when netns is missing from it and it is older than a second
+// (a pod born since), so a burst of incidents costs one walk.
 func (r *Resolver) pidsIn(netns uint32) []uint32 {
+	age := r.now().Sub(r.nsScanned)
+	if pids, ok := r.nsPids[netns]; ok && age < r.cfg.TTL {
+		return pids
+	}
+	if r.nsPids != nil && age < time.Second {
+		return r.nsPids[netns]
+	}
+	r.nsScanned = r.now()
+	r.nsPids = map[uint32][]uint32{}
 	ents, err := os.ReadDir(r.cfg.ProcRoot)
 	if err != nil {
 		return nil
 	}
-	var out []uint32
 	for _, e := range ents {
 		n, err := strconv.ParseUint(e.Name(), 10, 32)
 		if err != nil {
 			continue
 		}
-		if ino, ok := inode(filepath.Join(r.cfg.ProcRoot, e.Name(), "ns/net")); ok && ino == netns {
-			out = append(out, uint32(n))
+		if ino, ok := inode(filepath.Join(r.cfg.ProcRoot, e.Name(), "ns/net")); ok {
+			r.nsPids[ino] = append(r.nsPids[ino], uint32(n))
 		}
 	}
-	return out
+	return r.nsPids[netns]
 }
 
 func (r *Resolver) comm(pid uint32) string {
