@@ -190,8 +190,8 @@ type Correlator struct {
 	// slab hands a freed entry's address to the next entry at once, so an
 	// address only means "this entry" for a moment around its event.
 	dropped map[uint64]uint64
-	// counted: losers already counted as rescued, by address and query.
-	counted  map[lossKey]bool
+	// counted: losers already counted as rescued.
+	counted  map[lossKey]uint64 // -> when it was counted
 	drops    []pendingDrop
 	attrib   map[uint32]*Attributed
 	nextID   uint64
@@ -201,9 +201,14 @@ type Correlator struct {
 	answered uint64
 }
 
+// lossKey names one loser: its entry's address and its original tuple
+// (the asking socket's, new for every flow). The address alone is reused
+// by the slab at once; the query alone differs between the paths that see
+// the loser (confirm verdict, NAT_CLASH entry, freed entry), which may
+// find different queries of one A/AAAA pair.
 type lossKey struct {
-	ptr uint64
-	q   *query
+	ptr  uint64
+	orig event.Tuple
 }
 
 type nsTuple struct {
@@ -219,7 +224,7 @@ func New(cfg Config) *Correlator {
 		bySkb: map[uint64]*query{}, byKey: map[qkey]*query{}, byID: map[idKey]*query{},
 		bySock: map[sockKey]*query{}, pending: map[nameKey][]*query{}, opens: map[nameKey]*open{},
 		byCT: map[uint64]*query{}, byTuple: map[event.Tuple]*query{}, byReply: map[nsTuple]ctSeen{}, byOrig: map[nsTuple]ctSeen{},
-		dropped: map[uint64]uint64{}, counted: map[lossKey]bool{}, attrib: map[uint32]*Attributed{},
+		dropped: map[uint64]uint64{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{},
 	}
 }
 
@@ -306,9 +311,9 @@ func (c *Correlator) Handle(e *event.Event) {
 		q.ct = e.CT
 		q.nodeNS = e.NetNS
 		c.byCT[e.CT.Ptr] = q
-		if lk := (lossKey{e.CT.Ptr, q}); e.CT.Status&event.IPSNATClash != 0 && !c.counted[lk] {
+		if lk := (lossKey{e.CT.Ptr, e.CT.Orig}); e.CT.Status&event.IPSNATClash != 0 && !c.isCounted(lk) {
 			// nf_ct_resolve_clash_harder inserted this loser reply-only.
-			c.counted[lk] = true
+			c.counted[lk] = e.TimeNs
 			c.rescued(q, e.NetNS, e.CT, e.TimeNs)
 		}
 	}
@@ -316,9 +321,9 @@ func (c *Correlator) Handle(e *event.Event) {
 	case event.KindConfirm:
 		if e.Verdict == 0 {
 			q.confirmFailed = true
-		} else if lk := (lossKey{e.CT.Ptr, q}); e.CTAfter != 0 && e.CTAfter != e.CT.Ptr && !c.counted[lk] {
+		} else if lk := (lossKey{e.CT.Ptr, e.CT.Orig}); e.CTAfter != 0 && e.CTAfter != e.CT.Ptr && !c.isCounted(lk) {
 			// The skb now carries the winner: the loser was merged.
-			c.counted[lk] = true
+			c.counted[lk] = e.TimeNs
 			c.rescued(q, e.NetNS, e.CT, e.TimeNs)
 		}
 	case event.KindDrop:
@@ -328,6 +333,11 @@ func (c *Correlator) Handle(e *event.Event) {
 		c.drops = append(c.drops, pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), ev: dropEv{
 			kind: e.Kind, q: q, netns: e.NetNS, ct: e.CT, reason: e.Reason, location: e.Location, timeNs: e.TimeNs, cpu: e.CPU}})
 	}
+}
+
+func (c *Correlator) isCounted(k lossKey) bool {
+	_, ok := c.counted[k]
+	return ok
 }
 
 func (c *Correlator) bindSkb(skb uint64, q *query) {
@@ -544,11 +554,11 @@ func (c *Correlator) classify(d dropEv) {
 		if d.q == nil {
 			return
 		}
-		lk := lossKey{d.ct.Ptr, d.q}
-		if c.counted[lk] {
+		lk := lossKey{d.ct.Ptr, d.ct.Orig}
+		if c.isCounted(lk) {
 			return
 		}
-		c.counted[lk] = true
+		c.counted[lk] = d.timeNs
 		c.rescued(d.q, d.netns, d.ct, d.timeNs)
 		return
 	}
@@ -759,8 +769,8 @@ func (c *Correlator) expire(now uint64) {
 			delete(c.dropped, p)
 		}
 	}
-	for k := range c.counted {
-		if k.q.dead {
+	for k, t := range c.counted {
+		if t+uint64(10*time.Second) <= now {
 			delete(c.counted, k)
 		}
 	}
