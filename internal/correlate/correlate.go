@@ -39,8 +39,14 @@ type Config struct {
 	Wall func(mono uint64) time.Time
 }
 
-// DefaultMaxQueries is Config.MaxQueries when left 0.
-const DefaultMaxQueries = 1 << 18
+// DefaultMaxQueries is Config.MaxQueries when left 0. A query in flight
+// costs about 700 bytes of heap with its index entries (BenchmarkInFlight,
+// dnsrace bench --memory), so the cap holds the correlator near 90 MB and
+// the whole tracer under 150 MB RSS however many queries go unanswered.
+// Queries stay QueryTTL (answered ones too, for the sibling of a later
+// stall): the cap covers about 10,000 queries/s; beyond it the oldest are
+// evicted, and counted.
+const DefaultMaxQueries = 1 << 17
 
 func (c *Config) defaults() {
 	if c.MinRetryGap == 0 {
@@ -101,23 +107,52 @@ type idKey struct {
 	name  uint64
 }
 
-// query is one DNS question on the wire, from its first sighting.
+// query is one DNS question on the wire, from its first sighting. It is
+// kept small (every query stays QueryTTL, up to MaxQueries of them): what
+// only a lost or raced query needs lives in *queryExtra, allocated then.
 type query struct {
 	key    qkey
 	name   uint64
-	qname  string
+	qname  string // interned: queries for one name share it
 	sentNs uint64
-	cpu    uint16
-	pid    uint32
-	comm   [16]byte
+	lastNs uint64 // last time an event carried it
 	cgroup uint64
+	ctPtr  uint64 // the last conntrack entry seen on the query's skb
+	pid    uint32
+	nodeNS uint32
+	cpu    uint16
 	tier   event.Tier
 	state  qstate
-	lost   *Packet
+	dead   bool // removed from the indexes
+	nskb   uint8
+	comm   [16]byte
+	// skb addresses that carried it, for forget: the first ones inline.
+	skb      [2]uint64
+	moreSkbs []uint64
+	// The live queries sent on the same socket (netns, src, dst), in
+	// order of first sighting: where sibling looks.
+	prevOnSock, nextOnSock *query
+	nextPending            *query // in its name's pendList
+	x                      *queryExtra
+}
+
+// pendList is a singly linked list of queries through nextPending.
+type pendList struct{ head, tail *query }
+
+func (l *pendList) push(q *query) {
+	q.nextPending = nil
+	if l.tail == nil {
+		l.head, l.tail = q, q
+		return
+	}
+	l.tail.nextPending = q
+	l.tail = q
+}
+
+// queryExtra is the part of a query that only races and losses fill in.
+type queryExtra struct {
 	race   string
 	winner *Flow
-	nodeNS uint32
-	ct     event.CT // the last conntrack entry seen on the query's skb
 	// confirm verdicts from the fentry/kprobe tiers
 	confirmFailed bool
 	clashWinner   event.CT
@@ -126,11 +161,25 @@ type query struct {
 	replyReason string
 	replyLoc    string
 	replyNS     uint32
-	incident    *open
-	skbs        []uint64 // skb addresses that carried it, for forget
-	lastNs      uint64   // last time an event carried it
-	dead        bool     // removed from the indexes
 }
+
+// extra returns q's extra part, allocating it on first use.
+func (q *query) extra() *queryExtra {
+	if q.x == nil {
+		q.x = &queryExtra{}
+	}
+	return q.x
+}
+
+// ext returns q's extra part or a zero one (read only).
+func (q *query) ext() *queryExtra {
+	if q.x == nil {
+		return &noExtra
+	}
+	return q.x
+}
+
+var noExtra queryExtra
 
 // open is a stall in progress: lost queries of one lookup attempt.
 type open struct {
@@ -169,11 +218,15 @@ type Correlator struct {
 	cfg  Config
 	seed maphash.Seed
 
-	bySkb   map[uint64]*query
-	byKey   map[qkey]*query
-	byID    map[idKey]*query
-	bySock  map[sockKey]*query // last query sent on a socket
-	pending map[nameKey][]*query
+	bySkb map[uint64]*query
+	byKey map[qkey]*query
+	byID  map[idKey]*query
+	// bySock: the newest live query sent on a socket; the socket's other
+	// live queries hang off it through prevOnSock.
+	bySock map[sockKey]*query
+	// pending: the unanswered queries of a name in a namespace, oldest
+	// first, linked through query.nextPending (no allocation per query).
+	pending map[nameKey]pendList
 	opens   map[nameKey]*open
 	byCT    map[uint64]*query
 	// byTuple: the last query sent on a 5-tuple, whatever the namespace:
@@ -191,9 +244,11 @@ type Correlator struct {
 	// address only means "this entry" for a moment around its event.
 	dropped map[uint64]uint64
 	// counted: losers already counted as rescued.
-	counted  map[lossKey]uint64 // -> when it was counted
-	drops    []pendingDrop
-	attrib   map[uint32]*Attributed
+	counted map[lossKey]uint64 // -> when it was counted
+	drops   []pendingDrop
+	attrib  map[uint32]*Attributed
+	// names interns question names by hash (bounded: cleared when full).
+	names    map[uint64]string
 	nextID   uint64
 	lastNs   uint64
 	evicted  uint64
@@ -222,9 +277,10 @@ func New(cfg Config) *Correlator {
 	return &Correlator{
 		cfg: cfg, seed: maphash.MakeSeed(),
 		bySkb: map[uint64]*query{}, byKey: map[qkey]*query{}, byID: map[idKey]*query{},
-		bySock: map[sockKey]*query{}, pending: map[nameKey][]*query{}, opens: map[nameKey]*open{},
+		bySock: map[sockKey]*query{}, pending: map[nameKey]pendList{}, opens: map[nameKey]*open{},
 		byCT: map[uint64]*query{}, byTuple: map[event.Tuple]*query{}, byReply: map[nsTuple]ctSeen{}, byOrig: map[nsTuple]ctSeen{},
 		dropped: map[uint64]uint64{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{},
+		names: map[uint64]string{},
 	}
 }
 
@@ -260,6 +316,24 @@ func (c *Correlator) attributed(ns uint32) *Attributed {
 
 func (c *Correlator) hashName(b []byte) uint64 { return maphash.Bytes(c.seed, b) }
 
+// maxInterned bounds the name intern table.
+const maxInterned = 1 << 16
+
+// intern returns name as a string, shared with earlier queries for the same
+// name: a busy node asks for few distinct names, so the hot path does not
+// allocate one string per query.
+func (c *Correlator) intern(h uint64, name []byte) string {
+	if s, ok := c.names[h]; ok && s == string(name) {
+		return s
+	}
+	if len(c.names) >= maxInterned {
+		clear(c.names)
+	}
+	s := string(name)
+	c.names[h] = s
+	return s
+}
+
 // Handle processes one event. It keeps nothing that e points to.
 func (c *Correlator) Handle(e *event.Event) {
 	if e.TimeNs > c.lastNs {
@@ -289,7 +363,7 @@ func (c *Correlator) Handle(e *event.Event) {
 		return
 	case event.KindClash:
 		if q := c.skbQuery(e); q != nil {
-			q.clashWinner = e.Winner
+			q.extra().clashWinner = e.Winner
 		}
 		return
 	}
@@ -308,7 +382,7 @@ func (c *Correlator) Handle(e *event.Event) {
 		return
 	}
 	if e.CT.Ptr != 0 {
-		q.ct = e.CT
+		q.ctPtr = e.CT.Ptr
 		q.nodeNS = e.NetNS
 		c.byCT[e.CT.Ptr] = q
 		if lk := (lossKey{e.CT.Ptr, e.CT.Orig}); e.CT.Status&event.IPSNATClash != 0 && !c.isCounted(lk) {
@@ -320,7 +394,7 @@ func (c *Correlator) Handle(e *event.Event) {
 	switch e.Kind {
 	case event.KindConfirm:
 		if e.Verdict == 0 {
-			q.confirmFailed = true
+			q.extra().confirmFailed = true
 		} else if lk := (lossKey{e.CT.Ptr, e.CT.Orig}); e.CTAfter != 0 && e.CTAfter != e.CT.Ptr && !c.isCounted(lk) {
 			// The skb now carries the winner: the loser was merged.
 			c.counted[lk] = e.TimeNs
@@ -342,12 +416,22 @@ func (c *Correlator) isCounted(k lossKey) bool {
 
 func (c *Correlator) bindSkb(skb uint64, q *query) {
 	c.bySkb[skb] = q
-	for _, s := range q.skbs {
+	for i := range int(q.nskb) {
+		if q.skb[i] == skb {
+			return
+		}
+	}
+	for _, s := range q.moreSkbs {
 		if s == skb {
 			return
 		}
 	}
-	q.skbs = append(q.skbs, skb)
+	if int(q.nskb) < len(q.skb) {
+		q.skb[q.nskb] = skb
+		q.nskb++
+		return
+	}
+	q.moreSkbs = append(q.moreSkbs, skb)
 }
 
 // skbQuery returns the query the event's skb carries, if it is the same
@@ -382,8 +466,9 @@ func (c *Correlator) newQuery(e *event.Event) *query {
 		delete(c.byKey, k)
 	}
 	name := e.DNS.NameBytes()
+	h := c.hashName(name)
 	q := &query{
-		key: k, name: c.hashName(name), qname: string(name), sentNs: e.TimeNs, lastNs: e.TimeNs, cpu: e.CPU,
+		key: k, name: h, qname: c.intern(h, name), sentNs: e.TimeNs, lastNs: e.TimeNs, cpu: e.CPU,
 		pid: e.PID, comm: e.Comm, cgroup: e.Cgroup, tier: e.Tier,
 	}
 	c.queries++
@@ -393,8 +478,13 @@ func (c *Correlator) newQuery(e *event.Event) *query {
 	c.order = append(c.order, q)
 	nk := nameKey{k.netns, q.name}
 	c.retry(nk, q)
-	c.pending[nk] = append(c.pending[nk], q)
+	l := c.pending[nk]
+	l.push(q)
+	c.pending[nk] = l
 	sk := sockKey{k.netns, k.src, k.dst}
+	if prev := c.bySock[sk]; prev != nil && !prev.dead {
+		prev.nextOnSock, q.prevOnSock = q, prev
+	}
 	c.bySock[sk] = q
 	c.byTuple[event.Tuple{Src: k.src, Dst: k.dst, Proto: 17}] = q
 	if len(c.byKey) > c.cfg.MaxQueries {
@@ -407,17 +497,19 @@ func (c *Correlator) newQuery(e *event.Event) *query {
 // same name in the same namespace is lost, and the stall it caused ends now.
 func (c *Correlator) retry(nk nameKey, q *query) {
 	gap := uint64(c.cfg.MinRetryGap)
-	var keep []*query
-	for _, old := range c.pending[nk] {
+	var keep pendList
+	for old := c.pending[nk].head; old != nil; {
+		next := old.nextPending
 		if old.state == statePending && q.sentNs >= old.sentNs+gap {
 			c.markLost(old, c.unansweredLoss(old))
-			continue
+		} else if old.state == statePending {
+			keep.push(old)
+		} else {
+			old.nextPending = nil
 		}
-		if old.state == statePending {
-			keep = append(keep, old)
-		}
+		old = next
 	}
-	if len(keep) == 0 {
+	if keep.head == nil {
 		delete(c.pending, nk)
 	} else {
 		c.pending[nk] = keep
@@ -431,8 +523,8 @@ func (c *Correlator) retry(nk nameKey, q *query) {
 // dropped: its answer was dropped, or nothing local saw it at all.
 func (c *Correlator) unansweredLoss(q *query) Packet {
 	p := Packet{QType: qtypeName(q.key.qtype), ID: q.key.id, CPU: q.cpu, SentNs: q.sentNs, Cause: CauseNoReply}
-	if q.replyCause != "" {
-		p.Cause, p.Reason, p.Location, p.NetNS = q.replyCause, q.replyReason, q.replyLoc, q.replyNS
+	if x := q.ext(); x.replyCause != "" {
+		p.Cause, p.Reason, p.Location, p.NetNS = x.replyCause, x.replyReason, x.replyLoc, x.replyNS
 	}
 	return p
 }
@@ -452,17 +544,19 @@ func (c *Correlator) handleResponse(e *event.Event) {
 			c.answered++
 		}
 	case event.KindDrop:
+		x := q.extra()
 		switch c.cfg.ReasonName(e.Reason) {
 		case "NO_SOCKET", "SOCKET_FILTER", "NETFILTER_DROP", "IP_NOPROTO":
-			q.replyCause = CauseReplyUnmatched
+			x.replyCause = CauseReplyUnmatched
 		case "SOCKET_RCVBUFF", "PROTO_MEM":
-			q.replyCause = CauseRcvbufFull
+			x.replyCause = CauseRcvbufFull
 		default:
-			q.replyCause = CauseLocalDrop
+			x.replyCause = CauseLocalDrop
 		}
-		q.replyReason, q.replyLoc, q.replyNS = c.cfg.ReasonName(e.Reason), c.cfg.Location(e.Location), e.NetNS
+		x.replyReason, x.replyLoc, x.replyNS = c.cfg.ReasonName(e.Reason), c.cfg.Location(e.Location), e.NetNS
 	case event.KindRcvbufFull:
-		q.replyCause, q.replyReason, q.replyNS = CauseRcvbufFull, "SOCKET_RCVBUFF", e.NetNS
+		x := q.extra()
+		x.replyCause, x.replyReason, x.replyNS = CauseRcvbufFull, "SOCKET_RCVBUFF", e.NetNS
 	}
 }
 
@@ -473,6 +567,14 @@ func (c *Correlator) noteCT(ns uint32, ct event.CT, t uint64) {
 	rk, ok := nsTuple{ns, ct.Reply}, nsTuple{ns, ct.Orig}
 	if _, seen := c.byReply[rk]; !seen {
 		c.ctOrder = append(c.ctOrder, rk, ok)
+		// Bounded like the queries: at more new flows per second than
+		// MaxQueries/10 s the oldest memories go first (a winner is
+		// confirmed microseconds before its loser's drop).
+		if len(c.ctOrder) > 2*c.cfg.MaxQueries {
+			delete(c.byReply, c.ctOrder[0])
+			delete(c.byOrig, c.ctOrder[1])
+			c.ctOrder = c.ctOrder[2:]
+		}
 	}
 	c.byReply[rk] = s
 	c.byOrig[ok] = s
@@ -576,19 +678,19 @@ func (c *Correlator) classify(d dropEv) {
 		if d.ct.Ptr != 0 {
 			race, w = c.winnerOf(d.netns, d.ct, d.timeNs)
 		}
-		if q.clashWinner.Ptr != 0 && w == nil {
-			w = &ctSeen{ptr: q.clashWinner.Ptr, orig: q.clashWinner.Orig, reply: q.clashWinner.Reply}
+		if cw := q.ext().clashWinner; cw.Ptr != 0 && w == nil {
+			w = &ctSeen{ptr: cw.Ptr, orig: cw.Orig, reply: cw.Reply}
 			race = RaceSameTuple
-			if q.clashWinner.Orig != d.ct.Orig {
+			if cw.Orig != d.ct.Orig {
 				race = RaceReplyClash
 			}
 		}
 		insertBudget, dropBudget := c.budget(d.netns)
 		switch {
-		case d.ct.Ptr != 0 && (w != nil || q.confirmFailed || insertBudget > 0):
+		case d.ct.Ptr != 0 && (w != nil || q.ext().confirmFailed || insertBudget > 0):
 			p.Cause, p.Race = CauseInsertRace, race
 			if w != nil {
-				q.winner = c.flowOf(w)
+				q.extra().winner = c.flowOf(w)
 			}
 			a.InsertFailed++
 			a.Drop++
@@ -603,7 +705,9 @@ func (c *Correlator) classify(d dropEv) {
 	default:
 		p.Cause = CauseLocalDrop
 	}
-	q.race = p.Race
+	if p.Race != "" || q.x != nil {
+		q.extra().race = p.Race
+	}
 	c.markLost(q, p)
 }
 
@@ -614,7 +718,6 @@ func (c *Correlator) markLost(q *query, p Packet) {
 		return
 	}
 	q.state = stateLost
-	q.lost = &p
 	nk := nameKey{q.key.netns, q.name}
 	o := c.opens[nk]
 	if o != nil && q.sentNs >= o.firstNs+uint64(c.cfg.MinRetryGap) {
@@ -628,7 +731,6 @@ func (c *Correlator) markLost(q *query, p Packet) {
 	}
 	o.queries = append(o.queries, q)
 	o.inc.Lost = append(o.inc.Lost, p)
-	q.incident = o
 }
 
 func (c *Correlator) newIncident(q *query, cause, race string) *Incident {
@@ -679,13 +781,12 @@ func (c *Correlator) closeOpen(o *open, endNs uint64, retried bool) {
 		inc.StallMs = &ms
 	}
 	first := o.queries[0]
-	if inc.Race == nil && first.race != "" {
-		r := first.race
+	if r := first.ext().race; inc.Race == nil && r != "" {
 		inc.Race = &r
 	}
 	for _, q := range o.queries {
-		if q.winner != nil {
-			inc.Winner = q.winner
+		if w := q.ext().winner; w != nil {
+			inc.Winner = w
 			break
 		}
 	}
@@ -705,27 +806,43 @@ func (c *Correlator) emit(inc *Incident, q *query) {
 }
 
 // sibling finds the other query of q's A/AAAA pair: sent on the same
-// socket within MinRetryGap.
+// socket within MinRetryGap; the first such in order of sighting. It walks
+// the live queries of q's socket (the same set, in the same order, as the
+// queries of c.order with q's netns, src and dst).
 func (c *Correlator) sibling(q *query) *Sibling {
-	for _, other := range c.order {
-		if other == q || other.key.netns != q.key.netns || other.key.src != q.key.src ||
-			other.key.dst != q.key.dst || other.key.qtype == q.key.qtype || other.name != q.name {
-			continue
-		}
-		gap := int64(other.sentNs) - int64(q.sentNs)
-		if gap < 0 {
-			gap = -gap
-		}
-		if gap > int64(c.cfg.MinRetryGap) {
-			continue
-		}
-		return &Sibling{
-			QType: qtypeName(other.key.qtype), ID: other.key.id, GapUs: float64(gap) / 1e3,
-			CPUs: [2]int{int(q.cpu), int(other.cpu)}, Answered: other.state == stateAnswered,
-			Lost: other.state == stateLost,
+	first := c.bySock[sockKey{q.key.netns, q.key.src, q.key.dst}]
+	if first == nil {
+		return nil
+	}
+	for first.prevOnSock != nil {
+		first = first.prevOnSock
+	}
+	for other := first; other != nil; other = other.nextOnSock {
+		if sib := c.siblingOf(q, other); sib != nil {
+			return sib
 		}
 	}
 	return nil
+}
+
+// siblingOf returns other as q's sibling, or nil if it is not one.
+func (c *Correlator) siblingOf(q, other *query) *Sibling {
+	if other == q || other.dead || other.key.netns != q.key.netns || other.key.src != q.key.src ||
+		other.key.dst != q.key.dst || other.key.qtype == q.key.qtype || other.name != q.name {
+		return nil
+	}
+	gap := int64(other.sentNs) - int64(q.sentNs)
+	if gap < 0 {
+		gap = -gap
+	}
+	if gap > int64(c.cfg.MinRetryGap) {
+		return nil
+	}
+	return &Sibling{
+		QType: qtypeName(other.key.qtype), ID: other.key.id, GapUs: float64(gap) / 1e3,
+		CPUs: [2]int{int(q.cpu), int(other.cpu)}, Answered: other.state == stateAnswered,
+		Lost: other.state == stateLost,
+	}
 }
 
 // expire declares old unanswered queries lost, closes stalls that saw no
@@ -788,17 +905,62 @@ func (c *Correlator) forget(q *query) {
 		delete(c.byID, k)
 	}
 	if k := (sockKey{q.key.netns, q.key.src, q.key.dst}); c.bySock[k] == q {
-		delete(c.bySock, k)
+		if q.prevOnSock != nil {
+			c.bySock[k] = q.prevOnSock
+		} else {
+			delete(c.bySock, k)
+		}
 	}
 	if k := (event.Tuple{Src: q.key.src, Dst: q.key.dst, Proto: 17}); c.byTuple[k] == q {
 		delete(c.byTuple, k)
 	}
-	if q.ct.Ptr != 0 && c.byCT[q.ct.Ptr] == q {
-		delete(c.byCT, q.ct.Ptr)
+	if q.ctPtr != 0 && c.byCT[q.ctPtr] == q {
+		delete(c.byCT, q.ctPtr)
 	}
-	for _, s := range q.skbs {
+	for _, s := range q.skb[:q.nskb] {
 		if c.bySkb[s] == q {
 			delete(c.bySkb, s)
+		}
+	}
+	for _, s := range q.moreSkbs {
+		if c.bySkb[s] == q {
+			delete(c.bySkb, s)
+		}
+	}
+	// Unlink from its socket's list.
+	if q.prevOnSock != nil {
+		q.prevOnSock.nextOnSock = q.nextOnSock
+	}
+	if q.nextOnSock != nil {
+		q.nextOnSock.prevOnSock = q.prevOnSock
+	}
+	q.prevOnSock, q.nextOnSock = nil, nil
+	// An evicted query may still be pending: drop it from its name's
+	// list, or names never asked again would keep it forever.
+	if q.state == statePending {
+		nk := nameKey{q.key.netns, q.name}
+		if l, ok := c.pending[nk]; ok {
+			var prev *query
+			for p := l.head; p != nil; prev, p = p, p.nextPending {
+				if p != q {
+					continue
+				}
+				if prev == nil {
+					l.head = p.nextPending
+				} else {
+					prev.nextPending = p.nextPending
+				}
+				if l.tail == p {
+					l.tail = prev
+				}
+				break
+			}
+			q.nextPending = nil
+			if l.head == nil {
+				delete(c.pending, nk)
+			} else {
+				c.pending[nk] = l
+			}
 		}
 	}
 }
@@ -822,7 +984,7 @@ func (c *Correlator) Close(now uint64) {
 	}
 	c.drops = nil
 	for _, q := range c.order {
-		if q.state == statePending && !q.dead && (q.replyCause != "" || now >= q.sentNs+uint64(c.cfg.ResolverTimeout)) {
+		if q.state == statePending && !q.dead && (q.ext().replyCause != "" || now >= q.sentNs+uint64(c.cfg.ResolverTimeout)) {
 			c.markLost(q, c.unansweredLoss(q))
 		}
 	}
