@@ -23,8 +23,11 @@
 //
 // A namespace that is the host's (PROC/1/ns/net; the resolver's own when
 // PROC is /proc and pid 1 cannot be read, as in some sandboxes) and has no
-// pod is reported as Host. Results are cached for TTL; a miss rescans at most once
-// per TTL. Everything works under prefixes (Config.ProcRoot /host/proc,
+// pod is reported as Host. Answers are cached for TTL (a namespace
+// that names no pod too); the cgroup tree and the log folders are reread at
+// most once per TTL, and one walk of PROC maps every namespace to its
+// processes (redone after TTL, or after a second when a namespace is not in
+// it), each pid re-checked to still be in the namespace before use. Everything works under prefixes (Config.ProcRoot /host/proc,
 // Config.Root /host) for a kubectl debug pod. What cannot be resolved is
 // left empty, never guessed: a pod whose log folder is gone has its UID but
 // no name, and a query resolved only through its namespace has the pod but
