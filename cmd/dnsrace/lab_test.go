@@ -180,3 +180,41 @@ func TestLabClientCrashLeavesNothing(t *testing.T) {
 		t.Errorf("clients_crashed = %d, want >= 1", rep.Crashed)
 	}
 }
+
+// TestLabDownLeavesOtherLabs: tearing down lab "P" must not touch a lab
+// whose prefix merely starts with "P-".
+func TestLabDownLeavesOtherLabs(t *testing.T) {
+	testutil.RequireRoot(t)
+	const a, b = "dnsrace-e6", "dnsrace-e6-b"
+	defer assertClean(t, b)
+	for _, p := range []string{a, b} {
+		if r := runBin(t, 60*time.Second, "lab", "up", "--scenario", "rule-drop", "--prefix", p); r.code != 0 {
+			t.Fatalf("lab up %s: %s", p, r.stderr)
+		}
+	}
+	if r := runBin(t, 60*time.Second, "lab", "down", "--prefix", a); r.code != 0 {
+		t.Fatalf("lab down %s: %s", a, r.stderr)
+	}
+	for _, n := range []string{b + "-node", b + "-dns", b + "-pod0"} {
+		if !nsutil.Exists(n) {
+			t.Errorf("lab down %s removed %s", a, n)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(lab.StateDir, b+".json")); err != nil {
+		t.Errorf("lab down %s removed %s's state: %v", a, b, err)
+	}
+	if left := leftovers(a); len(left) > 0 {
+		var own []string
+		for _, l := range left {
+			if !strings.Contains(l, b) {
+				own = append(own, l)
+			}
+		}
+		if len(own) > 0 {
+			t.Errorf("lab %s left behind: %v", a, own)
+		}
+	}
+	if r := runBin(t, 60*time.Second, "lab", "down", "--prefix", b); r.code != 0 {
+		t.Fatalf("lab down %s: %s", b, r.stderr)
+	}
+}

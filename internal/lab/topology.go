@@ -398,9 +398,15 @@ func Teardown(prefix string) error {
 	if st, err := ReadState(prefix); err == nil && st.ServerPID > 0 {
 		_ = syscall.Kill(st.ServerPID, syscall.SIGKILL)
 	}
-	names, err := nsutil.List(prefix + "-")
+	all, err := nsutil.List(prefix + "-")
 	if err != nil {
 		errs = append(errs, err)
+	}
+	var names []string
+	for _, n := range all {
+		if ownedBy(prefix, n) {
+			names = append(names, n)
+		}
 	}
 	killProcessesIn(names)
 	for _, n := range names {
@@ -411,7 +417,7 @@ func Teardown(prefix string) error {
 	// /etc/netns folders of namespaces that never got mounted.
 	if ents, err := os.ReadDir(nsutil.EtcDir); err == nil {
 		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), prefix+"-") {
+			if ownedBy(prefix, e.Name()) {
 				_ = os.RemoveAll(filepath.Join(nsutil.EtcDir, e.Name()))
 			}
 		}
@@ -420,6 +426,25 @@ func Teardown(prefix string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// ownedBy reports whether a namespace name is one a lab with prefix makes:
+// PREFIX-node, PREFIX-dns or PREFIX-podN. A plain prefix match would let
+// `lab down` (prefix "dnsrace") tear down a lab named "dnsrace-x".
+func ownedBy(prefix, name string) bool {
+	rest, ok := strings.CutPrefix(name, prefix+"-")
+	if !ok {
+		return false
+	}
+	if rest == "node" || rest == "dns" {
+		return true
+	}
+	n, ok := strings.CutPrefix(rest, "pod")
+	if !ok || n == "" {
+		return false
+	}
+	_, err := strconv.ParseUint(n, 10, 16)
+	return err == nil && (n == "0" || n[0] != '0')
 }
 
 // killProcessesIn sends SIGKILL to every process whose network namespace is

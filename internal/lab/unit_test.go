@@ -120,3 +120,15 @@ func TestStallCounting(t *testing.T) {
 		t.Fatalf("%+v", c)
 	}
 }
+
+func TestOwnedBy(t *testing.T) {
+	for name, want := range map[string]bool{
+		"dnsrace-node": true, "dnsrace-dns": true, "dnsrace-pod0": true, "dnsrace-pod12": true,
+		"dnsrace-tl-node": false, "dnsrace-tl-pod0": false, "dnsrace-pod": false, "dnsrace-pod01": false,
+		"dnsrace-podx": false, "dnsrace-nodes": false, "other-node": false,
+	} {
+		if got := ownedBy("dnsrace", name); got != want {
+			t.Errorf("ownedBy(dnsrace, %s) = %v, want %v", name, got, want)
+		}
+	}
+}
