@@ -379,6 +379,12 @@ func (c *Correlator) Handle(e *event.Event) {
 		q = c.newQuery(e)
 	}
 	if q == nil {
+		// The skb was not seen leaving the asker (a copied skb, or its
+		// event lost): the question itself names the query, if one by
+		// that id, type and name is waiting and was seen just now.
+		q = c.byQuestion(e)
+	}
+	if q == nil {
 		return
 	}
 	if e.CT.Ptr != 0 {
@@ -450,6 +456,18 @@ func (c *Correlator) skbQuery(e *event.Event) *query {
 		return nil
 	}
 	q.lastNs = e.TimeNs
+	return q
+}
+
+// byQuestion finds the pending query a non-first event belongs to by its
+// DNS id, type and name, and binds the event's skb to it.
+func (c *Correlator) byQuestion(e *event.Event) *query {
+	q := c.byID[idKey{e.DNS.ID, e.DNS.QType, c.hashName(e.DNS.NameBytes())}]
+	if q == nil || q.dead || q.state != statePending || e.TimeNs > q.lastNs+uint64(c.cfg.MinRetryGap) || e.TimeNs < q.sentNs {
+		return nil
+	}
+	q.lastNs = e.TimeNs
+	c.bindSkb(e.Skb, q)
 	return q
 }
 
