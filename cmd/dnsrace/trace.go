@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -39,7 +40,8 @@ stall with its cause: insert_race (same_tuple or reply_clash, and the flow
 that won), clash_resolved, table_full, rule_drop, reply_unmatched,
 rcvbuf_full, no_reply, local_drop. At the end (--duration, Ctrl-C or
 SIGTERM) the attributed packets are reconciled with the kernel's own
-per-CPU conntrack counters.
+per-CPU conntrack counters; SIGUSR1 prints that reconciliation so far
+(a "checkpoint") without stopping.
 
 Examples:
   sudo dnsrace trace
@@ -310,6 +312,17 @@ func runTrace(ctx context.Context, args []string) error {
 		ctx, cancel = context.WithTimeout(ctx, f.duration)
 		defer cancel()
 	}
+	// SIGUSR1: the reconciliation so far, without stopping.
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	defer signal.Stop(usr1)
+	go func() {
+		for range usr1 {
+			if cp := s.Checkpoint(); cp != nil {
+				trace.WriteSummary(out, cp, f.json)
+			}
+		}
+	}()
 	if prog != nil {
 		prog.run(ctx, s)
 	} else {

@@ -68,12 +68,15 @@ func TestTraceBinaryRuleDrop(t *testing.T) {
 	t0 := time.Now()
 	_ = look.Run()
 	took := time.Since(t0)
+	// The reconciliation on demand, then the end.
+	_ = tr.Process.Signal(syscall.SIGUSR1)
+	time.Sleep(500 * time.Millisecond)
 	_ = tr.Process.Signal(syscall.SIGTERM)
 	if err := tr.Wait(); err != nil {
 		t.Fatalf("trace exited with %v: %s", err, errb.String())
 	}
 	var incidents []map[string]any
-	var summary map[string]any
+	var summary, checkpoint map[string]any
 	sc := bufio.NewScanner(&out)
 	for sc.Scan() {
 		var obj map[string]any
@@ -85,12 +88,19 @@ func TestTraceBinaryRuleDrop(t *testing.T) {
 			incidents = append(incidents, obj)
 		case "summary":
 			summary = obj
+		case "checkpoint":
+			checkpoint = obj
 		default:
 			t.Errorf("object without a known type: %v", obj)
 		}
 	}
 	if summary == nil {
 		t.Fatalf("no summary object; stderr %s", errb.String())
+	}
+	if checkpoint == nil {
+		t.Errorf("no checkpoint object after SIGUSR1")
+	} else if _, ok := checkpoint["kernel"]; !ok {
+		t.Errorf("checkpoint lacks the kernel counters: %v", checkpoint)
 	}
 	for _, k := range []string{"incidents", "kernel", "attributed", "events_lost", "probes"} {
 		if _, ok := summary[k]; !ok {

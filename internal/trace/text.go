@@ -86,7 +86,7 @@ func WriteSummary(w io.Writer, s *Summary, asJSON bool) {
 			parts = append(parts, fmt.Sprintf("%s %d", c, n))
 		}
 	}
-	fmt.Fprintf(w, "\nsummary after %.1fs: %d incidents", s.DurationS, total)
+	fmt.Fprintf(w, "\n%s after %.1fs: %d incidents", s.Type, s.DurationS, total)
 	if len(parts) > 0 {
 		fmt.Fprintf(w, " (%s)", strings.Join(parts, ", "))
 	}
