@@ -187,6 +187,7 @@ type open struct {
 	key     nameKey
 	firstNs uint64
 	queries []*query
+	retry   *query // the query that ended the stall
 }
 
 type ctSeen struct {
@@ -533,6 +534,7 @@ func (c *Correlator) retry(nk nameKey, q *query) {
 		c.pending[nk] = keep
 	}
 	if o := c.opens[nk]; o != nil && q.sentNs >= o.firstNs+gap {
+		o.retry = q
 		c.closeOpen(o, q.sentNs, true)
 	}
 }
@@ -740,6 +742,7 @@ func (c *Correlator) markLost(q *query, p Packet) {
 	o := c.opens[nk]
 	if o != nil && q.sentNs >= o.firstNs+uint64(c.cfg.MinRetryGap) {
 		// An older stall whose retry was lost too: that retry ended it.
+		o.retry = q
 		c.closeOpen(o, q.sentNs, true)
 		o = nil
 	}
@@ -794,6 +797,9 @@ func (c *Correlator) closeOpen(o *open, endNs uint64, retried bool) {
 	delete(c.opens, o.key)
 	inc := o.inc
 	inc.Retried = retried
+	if r := o.retry; r != nil {
+		inc.Retry = &Retry{QType: qtypeName(r.key.qtype), ID: r.key.id, Src: r.key.src.String(), Dst: r.key.dst.String()}
+	}
 	if retried {
 		ms := float64(endNs-o.firstNs) / 1e6
 		inc.StallMs = &ms

@@ -216,3 +216,17 @@ func TestClashResolvedMerged(t *testing.T) {
 		t.Fatalf("%d rescued, attributed %+v", rescued, h.c.Attributed()[node])
 	}
 }
+
+func TestRetryRecorded(t *testing.T) {
+	h := newHarness(fakeCounters{})
+	h.c.Handle(dnsEv(event.KindXmit, 1e9, podA, 5, srcA, vip, 7, 1))
+	retrySrc := netip.MustParseAddrPort("10.244.0.10:6001")
+	h.c.Handle(dnsEv(event.KindXmit, 1e9+5000*ms, podA, 8, retrySrc, vip, 9, 1))
+	if len(h.incidents) != 1 {
+		t.Fatalf("%d incidents", len(h.incidents))
+	}
+	r := h.incidents[0].Retry
+	if r == nil || r.ID != 9 || r.Src != retrySrc.String() || r.QType != "A" {
+		t.Fatalf("retry %+v", r)
+	}
+}

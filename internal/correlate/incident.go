@@ -69,6 +69,15 @@ type Sibling struct {
 	Lost     bool    `json:"lost"`
 }
 
+// Retry is the query that ended a stall: the resolver's resend, from the
+// same socket or a new one.
+type Retry struct {
+	QType string `json:"qtype"`
+	ID    uint16 `json:"id"`
+	Src   string `json:"src"`
+	Dst   string `json:"dst"`
+}
+
 // Incident is one resolver timeout waited out (or one race the kernel
 // rescued, cause clash_resolved, with no stall).
 type Incident struct {
@@ -88,7 +97,9 @@ type Incident struct {
 	StallMs *float64  `json:"stall_ms"`
 	// Retried is true when the resolver's retry was seen (it closed the
 	// stall); false when the incident expired without one.
-	Retried   bool     `json:"retried"`
+	Retried bool `json:"retried"`
+	// Retry is the query that ended the stall (null when not retried).
+	Retry     *Retry   `json:"retry"`
 	NodeNetNS uint32   `json:"node_netns,omitempty"`
 	Lost      []Packet `json:"lost"`
 	Sibling   *Sibling `json:"sibling"`

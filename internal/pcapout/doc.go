@@ -16,11 +16,11 @@
 // Per incident it writes: every lost query (first lost query's 5-tuple:
 // ports of later lost packets are not traced per packet), the sibling
 // query of the A/AAAA pair when known (once: a sibling lost too is
-// written as lost), and the sibling's answer when it was answered. The retry that ended the stall is not written: the incident
-// record does not carry its id or ports (its time is lost + stall_ms, in
-// the comment). Timestamps: lost queries at their traced send times; the
-// sibling at lost + |gap| (the order is not kept); an answer at its
-// query's time (its arrival time is not traced). Every packet's comment
+// written as lost), the sibling's answer when it was answered, and the
+// retry that ended the stall (its own id and ports). Timestamps: lost
+// queries at their traced send times; the sibling at lost + |gap| (the
+// order is not kept); an answer at its query's time (its arrival time is
+// not traced); the retry at lost + stall_ms. Every packet's comment
 // starts "dnsrace incident <id> <cause>[/<race>]" and says which role the
 // packet has.
 //

@@ -182,7 +182,7 @@ func Packets(inc *correlate.Incident) ([]Packet, error) {
 		}
 	}
 	if inc.StallMs != nil && inc.Cause != correlate.CauseClashResolved {
-		ctx = append(ctx, fmt.Sprintf("stalled %.0f ms (retry at +%.0f ms, not in this file)", *inc.StallMs, *inc.StallMs))
+		ctx = append(ctx, fmt.Sprintf("stalled %.0f ms", *inc.StallMs))
 	}
 	if w := inc.Winner; w != nil {
 		ctx = append(ctx, fmt.Sprintf("winner %s->%s", w.Src, w.Dst))
@@ -233,6 +233,18 @@ func Packets(inc *correlate.Incident) ([]Packet, error) {
 			}
 			out = append(out, Packet{Time: t, Data: data,
 				Comment: fmt.Sprintf("%s: answer to sibling %s id %d (records and arrival time not traced)%s", head, s.QType, s.ID, tail)})
+		}
+	}
+	if r := inc.Retry; r != nil && inc.StallMs != nil {
+		rsrc, err1 := netip.ParseAddrPort(r.Src)
+		rdst, err2 := netip.ParseAddrPort(r.Dst)
+		if err1 == nil && err2 == nil {
+			data, err := build(rsrc, rdst, r.ID, inc.QName, r.QType, false)
+			if err != nil {
+				return nil, fmt.Errorf("building incident %d packet: %w", inc.ID, err)
+			}
+			out = append(out, Packet{Time: inc.Time.Add(time.Duration(*inc.StallMs * 1e6)), Data: data,
+				Comment: fmt.Sprintf("%s: RETRY %s id %d, %.0f ms after the lost query%s", head, r.QType, r.ID, *inc.StallMs, tail)})
 		}
 	}
 	return out, nil

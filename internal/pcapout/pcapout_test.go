@@ -25,6 +25,7 @@ func incident() *correlate.Incident {
 		Lost: []correlate.Packet{{QType: "A", ID: 50852, Cause: correlate.CauseInsertRace, Reason: "NETFILTER_DROP",
 			Location: "nf_hook_slow+0x7d", NetNS: 4026532177, SentNs: 1000}},
 		Sibling:   &correlate.Sibling{QType: "AAAA", ID: 50853, GapUs: 86, Answered: true},
+		Retry:     &correlate.Retry{QType: "A", ID: 50852, Src: "10.244.0.12:53611", Dst: "10.96.0.10:53"},
 		Winner:    &correlate.Flow{Src: "10.244.0.11:33808", Dst: "10.96.0.10:53"},
 		Pod:       "checkout-7f9c",
 		Namespace: "shop",
@@ -33,7 +34,7 @@ func incident() *correlate.Incident {
 
 func incident6() *correlate.Incident {
 	inc := incident()
-	inc.ID, inc.Src, inc.Dst, inc.Sibling = 8, "[fd00::a]:40000", "[fd00::53]:53", nil
+	inc.ID, inc.Src, inc.Dst, inc.Sibling, inc.Retry = 8, "[fd00::a]:40000", "[fd00::53]:53", nil, nil
 	return inc
 }
 
@@ -46,8 +47,11 @@ func TestSiblingLostToo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(pkts) != 2 {
-		t.Fatalf("%d packets, want 2 (A and AAAA lost)", len(pkts))
+	if len(pkts) != 3 {
+		t.Fatalf("%d packets, want 3 (A and AAAA lost, the retry)", len(pkts))
+	}
+	if !strings.Contains(pkts[2].Comment, "RETRY A id 50852") {
+		t.Errorf("third packet: %q", pkts[2].Comment)
 	}
 	if !strings.Contains(pkts[1].Comment, "LOST query AAAA id 50853") {
 		t.Errorf("second packet: %q", pkts[1].Comment)
@@ -94,22 +98,24 @@ func TestWriteAndRead(t *testing.T) {
 		}
 		n++
 	}
-	if n != 4 {
-		t.Errorf("read %d packets, want 4 (lost, sibling, answer; lost v6)", n)
+	if n != 5 {
+		t.Errorf("read %d packets, want 5 (lost, sibling, answer, retry; lost v6)", n)
 	}
-	if w.Packets() != 4 {
+	if w.Packets() != 5 {
 		t.Errorf("writer counted %d packets", w.Packets())
 	}
 	checkTcpdump(t, path, []string{
 		"10.244.0.12.53611 > 10.96.0.10.53: 50852+ A? svc-02.lab.test.",
 		"10.244.0.12.53611 > 10.96.0.10.53: 50853+ AAAA? svc-02.lab.test.",
 		"10.96.0.10.53 > 10.244.0.12.53611: 50853 0/0/0",
+		"10.244.0.12.53611 > 10.96.0.10.53: 50852+ A? svc-02.lab.test.",
 		"fd00::a.40000 > fd00::53.53: 50852+ A? svc-02.lab.test.",
 	})
 	checkComments(t, path, []string{
 		"dnsrace incident 7 insert_race/reply_clash: LOST query A id 50852 (NETFILTER_DROP at nf_hook_slow+0x7d in netns 4026532177); pod shop/checkout-7f9c; stalled 5002 ms",
 		"dnsrace incident 7 insert_race/reply_clash: sibling query AAAA id 50853",
 		"dnsrace incident 7 insert_race/reply_clash: answer to sibling AAAA id 50853",
+		"dnsrace incident 7 insert_race/reply_clash: RETRY A id 50852, 5002 ms after the lost query",
 		"dnsrace incident 8 insert_race/reply_clash: LOST query A id 50852",
 	})
 }
