@@ -40,13 +40,13 @@ type Config struct {
 }
 
 // DefaultMaxQueries is Config.MaxQueries when left 0. A query in flight
-// costs about 700 bytes of heap with its index entries (BenchmarkInFlight,
-// dnsrace bench --memory), so the cap holds the correlator near 90 MB and
-// the whole tracer under 150 MB RSS however many queries go unanswered.
-// Queries stay QueryTTL (answered ones too, for the sibling of a later
-// stall): the cap covers about 10,000 queries/s; beyond it the oldest are
-// evicted, and counted.
-const DefaultMaxQueries = 1 << 17
+// costs about 1.1 KB of heap with its index entries (BenchmarkInFlight,
+// dnsrace bench --memory), so the cap holds the correlator near 75 MB of
+// heap however many queries go unanswered (1,000,000 fed: 65,536 kept, the
+// rest evicted and counted). Queries stay QueryTTL (answered ones too, for
+// the sibling of a later stall): the cap covers about 5,000 queries/s
+// without eviction.
+const DefaultMaxQueries = 1 << 16
 
 func (c *Config) defaults() {
 	if c.MinRetryGap == 0 {
@@ -249,12 +249,15 @@ type Correlator struct {
 	drops   []pendingDrop
 	attrib  map[uint32]*Attributed
 	// names interns question names by hash (bounded: cleared when full).
-	names    map[uint64]string
-	nextID   uint64
-	lastNs   uint64
-	evicted  uint64
-	queries  uint64
-	answered uint64
+	names map[uint64]string
+	// forgotten counts queries forgotten since the indexes were last
+	// rebuilt (see compact).
+	forgotten int
+	nextID    uint64
+	lastNs    uint64
+	evicted   uint64
+	queries   uint64
+	answered  uint64
 }
 
 // lossKey names one loser: its entry's address and its original tuple
@@ -887,6 +890,7 @@ func (c *Correlator) expire(now uint64) {
 	}
 	clear(c.order[n:])
 	c.order = c.order[:n]
+	c.compact()
 	for _, o := range c.opens {
 		if o.firstNs+ttl <= now {
 			c.closeOpen(o, now, false)
@@ -922,6 +926,7 @@ func (c *Correlator) forget(q *query) {
 		return
 	}
 	q.dead = true
+	c.forgotten++
 	if c.byKey[q.key] == q {
 		delete(c.byKey, q.key)
 	}
@@ -989,6 +994,34 @@ func (c *Correlator) forget(q *query) {
 	}
 }
 
+// compact rebuilds the per-query indexes once many queries have been
+// forgotten since the last rebuild. Go maps never shrink, and under steady
+// insert/delete churn deleted slots make them grow far beyond their live
+// size (a cap of 65,536 queries held ~100 MB of map tables after 1M
+// evictions). A rebuild costs O(live) once per 4x live forgets.
+func (c *Correlator) compact() {
+	if c.forgotten < 4*len(c.byKey)+4096 {
+		return
+	}
+	c.forgotten = 0
+	c.bySkb = clone(c.bySkb)
+	c.byKey = clone(c.byKey)
+	c.byID = clone(c.byID)
+	c.bySock = clone(c.bySock)
+	c.byTuple = clone(c.byTuple)
+	c.byCT = clone(c.byCT)
+	c.pending = clone(c.pending)
+}
+
+// clone copies m into a map sized for its live entries.
+func clone[K comparable, V any](m map[K]V) map[K]V {
+	n := make(map[K]V, len(m))
+	for k, v := range m {
+		n[k] = v
+	}
+	return n
+}
+
 func (c *Correlator) evictOldest() {
 	for len(c.order) > 0 && len(c.byKey) > c.cfg.MaxQueries {
 		q := c.order[0]
@@ -996,6 +1029,7 @@ func (c *Correlator) evictOldest() {
 		c.forget(q)
 		c.evicted++
 	}
+	c.compact()
 }
 
 // Close classifies every pending drop and closes every open stall (as not
