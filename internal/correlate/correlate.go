@@ -451,7 +451,11 @@ func (c *Correlator) skbQuery(e *event.Event) *query {
 	if q == nil || q.dead {
 		return nil
 	}
-	if e.DNS.Valid && (q.key.id != e.DNS.ID || q.key.qtype != e.DNS.QType || e.DNS.Response) {
+	if e.DNS.Valid && (q.key.id != e.DNS.ID || q.key.qtype != e.DNS.QType || e.DNS.Response ||
+		c.hashName(e.DNS.NameBytes()) != q.name) {
+		// Another question in a reused skb: the slab hands a freed
+		// skb's address out again at once, and two resolvers may use
+		// the same id (the name tells them apart).
 		return nil
 	}
 	// A packet crosses the node in well under MinRetryGap; a later hit on

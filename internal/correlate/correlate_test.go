@@ -230,3 +230,16 @@ func TestRetryRecorded(t *testing.T) {
 		t.Fatalf("retry %+v", r)
 	}
 }
+
+// Two pods ask with the same id and type; the second's packet lands in the
+// first's freed skb. The name tells them apart: both are queries.
+func TestReusedSkbOtherQuestion(t *testing.T) {
+	h := newHarness(fakeCounters{})
+	h.c.Handle(dnsEv(event.KindXmit, 1e9, podA, 5, srcA, vip, 6, 28))
+	e := dnsEv(event.KindXmit, 1e9+3*ms, podB, 5, srcB, vip, 6, 28)
+	e.DNS.SetQName("svc-01.lab.test")
+	h.c.Handle(e)
+	if s := h.c.Stats(); s.Queries != 2 {
+		t.Fatalf("%d queries seen, want 2", s.Queries)
+	}
+}
