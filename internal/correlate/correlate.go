@@ -136,6 +136,9 @@ type query struct {
 	x                      *queryExtra
 }
 
+// sockList is the doubly linked list of a socket's live queries.
+type sockList struct{ head, tail *query }
+
 // pendList is a singly linked list of queries through nextPending.
 type pendList struct{ head, tail *query }
 
@@ -222,9 +225,9 @@ type Correlator struct {
 	bySkb map[uint64]*query
 	byKey map[qkey]*query
 	byID  map[idKey]*query
-	// bySock: the newest live query sent on a socket; the socket's other
-	// live queries hang off it through prevOnSock.
-	bySock map[sockKey]*query
+	// bySock: the live queries sent on a socket, oldest first, linked
+	// through prevOnSock/nextOnSock.
+	bySock map[sockKey]sockList
 	// pending: the unanswered queries of a name in a namespace, oldest
 	// first, linked through query.nextPending (no allocation per query).
 	pending map[nameKey]pendList
@@ -281,7 +284,7 @@ func New(cfg Config) *Correlator {
 	return &Correlator{
 		cfg: cfg, seed: maphash.MakeSeed(),
 		bySkb: map[uint64]*query{}, byKey: map[qkey]*query{}, byID: map[idKey]*query{},
-		bySock: map[sockKey]*query{}, pending: map[nameKey]pendList{}, opens: map[nameKey]*open{},
+		bySock: map[sockKey]sockList{}, pending: map[nameKey]pendList{}, opens: map[nameKey]*open{},
 		byCT: map[uint64]*query{}, byTuple: map[event.Tuple]*query{}, byReply: map[nsTuple]ctSeen{}, byOrig: map[nsTuple]ctSeen{},
 		dropped: map[uint64]uint64{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{},
 		names: map[uint64]string{},
@@ -508,10 +511,14 @@ func (c *Correlator) newQuery(e *event.Event) *query {
 	l.push(q)
 	c.pending[nk] = l
 	sk := sockKey{k.netns, k.src, k.dst}
-	if prev := c.bySock[sk]; prev != nil && !prev.dead {
-		prev.nextOnSock, q.prevOnSock = q, prev
+	sl := c.bySock[sk]
+	if sl.tail != nil {
+		sl.tail.nextOnSock, q.prevOnSock = q, sl.tail
+	} else {
+		sl.head = q
 	}
-	c.bySock[sk] = q
+	sl.tail = q
+	c.bySock[sk] = sl
 	c.byTuple[event.Tuple{Src: k.src, Dst: k.dst, Proto: 17}] = q
 	if len(c.byKey) > c.cfg.MaxQueries {
 		c.evictOldest()
@@ -839,16 +846,28 @@ func (c *Correlator) emit(inc *Incident, q *query) {
 // sibling finds the other query of q's A/AAAA pair: sent on the same
 // socket within MinRetryGap; the first such in order of sighting. It walks
 // the live queries of q's socket (the same set, in the same order, as the
-// queries of c.order with q's netns, src and dst).
+// queries of c.order with q's netns, src and dst), and only the stretch
+// sent within 2*MinRetryGap of q: queries are sighted in time order (ring
+// buffer order; skew between CPUs is microseconds), so nothing outside it
+// can be within MinRetryGap. A long-lived socket (musl, a flood) may carry
+// thousands of queries; a stall on it no longer walks them all.
 func (c *Correlator) sibling(q *query) *Sibling {
-	first := c.bySock[sockKey{q.key.netns, q.key.src, q.key.dst}]
-	if first == nil {
+	sl, ok := c.bySock[sockKey{q.key.netns, q.key.src, q.key.dst}]
+	if !ok {
 		return nil
 	}
-	for first.prevOnSock != nil {
-		first = first.prevOnSock
+	bound := 2 * uint64(c.cfg.MinRetryGap)
+	start := sl.head // a forgotten q is older than every live query
+	if !q.dead {
+		start = q
+		for start.prevOnSock != nil && start.prevOnSock.sentNs+bound >= q.sentNs {
+			start = start.prevOnSock
+		}
 	}
-	for other := first; other != nil; other = other.nextOnSock {
+	for other := start; other != nil; other = other.nextOnSock {
+		if other.sentNs > q.sentNs+bound {
+			break
+		}
 		if sib := c.siblingOf(q, other); sib != nil {
 			return sib
 		}
@@ -937,12 +956,18 @@ func (c *Correlator) forget(q *query) {
 	if k := (idKey{q.key.id, q.key.qtype, q.name}); c.byID[k] == q {
 		delete(c.byID, k)
 	}
-	if k := (sockKey{q.key.netns, q.key.src, q.key.dst}); c.bySock[k] == q {
-		if q.prevOnSock != nil {
-			c.bySock[k] = q.prevOnSock
-		} else {
-			delete(c.bySock, k)
-		}
+	sk := sockKey{q.key.netns, q.key.src, q.key.dst}
+	sl := c.bySock[sk]
+	if sl.head == q {
+		sl.head = q.nextOnSock
+	}
+	if sl.tail == q {
+		sl.tail = q.prevOnSock
+	}
+	if sl.head == nil {
+		delete(c.bySock, sk)
+	} else {
+		c.bySock[sk] = sl
 	}
 	if k := (event.Tuple{Src: q.key.src, Dst: q.key.dst, Proto: 17}); c.byTuple[k] == q {
 		delete(c.byTuple, k)

@@ -88,9 +88,19 @@ func (t *tracerProc) stop() (*TraceSummary, int, error) {
 	select {
 	case <-t.exited:
 	case <-time.After(60 * time.Second):
-		_ = t.cmd.Process.Kill()
-		<-t.exited
-		return nil, 0, errors.New("tracer did not stop within 60s of SIGTERM")
+		// SIGQUIT: the Go runtime prints every goroutine's stack.
+		_ = t.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-t.exited:
+		case <-time.After(5 * time.Second):
+			_ = t.cmd.Process.Kill()
+			<-t.exited
+		}
+		tail := t.errb.Bytes()
+		if len(tail) > 4000 {
+			tail = tail[:4000]
+		}
+		return nil, 0, fmt.Errorf("tracer did not stop within 60s of SIGTERM; its stacks:\n%s", tail)
 	}
 	var sum *TraceSummary
 	incidents := 0
