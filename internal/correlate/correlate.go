@@ -243,10 +243,10 @@ type Correlator struct {
 	byOrig  map[nsTuple]ctSeen
 	ctOrder []nsTuple
 
-	// dropped: ct address of a dropped packet -> time of the drop. The
-	// slab hands a freed entry's address to the next entry at once, so an
-	// address only means "this entry" for a moment around its event.
-	dropped map[uint64]uint64
+	// dropped: entries of dropped packets (address and original tuple:
+	// the slab hands a freed entry's address to the next entry at once)
+	// -> time of the drop.
+	dropped map[lossKey]uint64
 	// counted: losers already counted as rescued.
 	counted map[lossKey]uint64 // -> when it was counted
 	drops   []pendingDrop
@@ -286,7 +286,7 @@ func New(cfg Config) *Correlator {
 		bySkb: map[uint64]*query{}, byKey: map[qkey]*query{}, byID: map[idKey]*query{},
 		bySock: map[sockKey]sockList{}, pending: map[nameKey]pendList{}, opens: map[nameKey]*open{},
 		byCT: map[uint64]*query{}, byTuple: map[event.Tuple]*query{}, byReply: map[nsTuple]ctSeen{}, byOrig: map[nsTuple]ctSeen{},
-		dropped: map[uint64]uint64{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{},
+		dropped: map[lossKey]uint64{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{},
 		names: map[uint64]string{},
 	}
 }
@@ -351,10 +351,11 @@ func (c *Correlator) Handle(e *event.Event) {
 	}
 	switch e.Kind {
 	case event.KindCTFree:
-		if t, ok := c.dropped[e.CT.Ptr]; ok && e.TimeNs >= t && e.TimeNs-t < uint64(10*time.Millisecond) {
+		if t, ok := c.dropped[lossKey{e.CT.Ptr, e.CT.Orig}]; ok && e.TimeNs >= t && e.TimeNs-t < uint64(2*time.Second) {
 			// The entry of a dropped packet, freed with it (same CPU,
-			// right after the drop event). Decided now: the address
-			// may be reused and dropped again before a delayed check.
+			// after the drop event; tens of ms after under emulation).
+			// Matched by address and original tuple, decided now: the
+			// address alone is reused and dropped again at once.
 			return
 		}
 		if e.CT.Ptr != 0 && !e.CT.Confirmed() {
@@ -415,7 +416,7 @@ func (c *Correlator) Handle(e *event.Event) {
 		}
 	case event.KindDrop:
 		if e.CT.Ptr != 0 {
-			c.dropped[e.CT.Ptr] = e.TimeNs
+			c.dropped[lossKey{e.CT.Ptr, e.CT.Orig}] = e.TimeNs
 		}
 		c.drops = append(c.drops, pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), ev: dropEv{
 			kind: e.Kind, q: q, netns: e.NetNS, ct: e.CT, reason: e.Reason, location: e.Location, timeNs: e.TimeNs, cpu: e.CPU}})
