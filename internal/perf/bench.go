@@ -419,14 +419,14 @@ func (h *harness) step(ctx context.Context, rate int) (Step, error) {
 func WriteText(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "kernel %s, %d CPUs, %s tier, %.0fs floods\n\n", r.Kernel, r.CPUs, r.Tier, r.Duration)
 	if len(r.Cases) > 0 {
-		fmt.Fprintf(w, "%-13s %12s %12s %7s %7s %11s %10s %8s\n", "case", "untraced/s", "traced/s", "ratio", "target", "tracer CPU", "events", "lost")
+		fmt.Fprintf(w, "%-13s %12s %12s %7s %-13s %11s %10s %10s\n", "case", "untraced/s", "traced/s", "ratio", "target", "tracer CPU", "events", "lost")
 		for _, c := range r.Cases {
 			mark := "ok"
 			if c.Ratio < c.Target {
-				mark = "MISSED"
+				mark = "missed"
 			}
-			fmt.Fprintf(w, "%-13s %12.0f %12.0f %7.3f %4.2f %-2s %8.2f c %10d %8d\n",
-				c.Name, c.Untraced, c.Traced, c.Ratio, c.Target, mark[:2], c.TracerCPU, c.Events, c.EventsLost)
+			fmt.Fprintf(w, "%-13s %12.0f %12.0f %7.3f >=%.2f %-6s %8.2f c %10d %10d\n",
+				c.Name, c.Untraced, c.Traced, c.Ratio, c.Target, mark, c.TracerCPU, c.Events, c.EventsLost)
 		}
 		fmt.Fprintln(w)
 	}
