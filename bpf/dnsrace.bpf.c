@@ -122,52 +122,80 @@ static __always_inline bool port_match(__u16 sport, __u16 dport)
  * network_header. The UDP header is located from the IP header length, not
  * transport_header, which is not set yet at netif_receive_skb. IPv6
  * extension headers are not followed (DNS does not use them). Returns false
- * for anything that is not a first-fragment UDP packet to or from cfg.port. */
-static __always_inline bool parse_skb(struct sk_buff *skb, struct pkt *p)
-{
-	__u16 proto = bpf_ntohs(BPF_CORE_READ(skb, protocol));
-	if (proto != ETH_P_IP && proto != ETH_P_IPV6)
-		return false;
+ * for anything that is not a first-fragment UDP packet to or from cfg.port.
+ *
+ * This is the early exit of every packet the system sends or receives, so
+ * it is kept short: with btf (tp_btf programs, where skb is a typed BTF
+ * pointer) the sk_buff fields are direct loads instead of helper calls,
+ * and the IP and UDP headers come in one read (a second one only for IPv4
+ * options). Measured per call on 6.18 (bpf_stats, non-DNS UDP):
+ * net_dev_queue 128 ns and netif_receive_skb 116 ns with five helper reads
+ * (docs/performance.md). */
+struct ip4udp {
+	struct iphdr ip;
+	struct udphdr udp;
+};
 
-	unsigned char *head = BPF_CORE_READ(skb, head);
-	__u16 nh = BPF_CORE_READ(skb, network_header);
+struct ip6udp {
+	struct ipv6hdr ip;
+	struct udphdr udp;
+};
+
+static __always_inline bool parse_skb_tier(struct sk_buff *skb, struct pkt *p, bool btf)
+{
+	__u16 proto;
+	unsigned char *head;
+	__u16 nh;
+	if (btf) {
+		proto = bpf_ntohs(skb->protocol);
+		if (proto != ETH_P_IP && proto != ETH_P_IPV6)
+			return false;
+		head = skb->head;
+		nh = skb->network_header;
+	} else {
+		proto = bpf_ntohs(BPF_CORE_READ(skb, protocol));
+		if (proto != ETH_P_IP && proto != ETH_P_IPV6)
+			return false;
+		head = BPF_CORE_READ(skb, head);
+		nh = BPF_CORE_READ(skb, network_header);
+	}
 	unsigned char *ip = head + nh;
 	unsigned char *l4;
 	struct udphdr uh;
 
 	if (proto == ETH_P_IP) {
-		struct iphdr iph;
-		if (bpf_probe_read_kernel(&iph, sizeof(iph), ip))
+		struct ip4udp h;
+		if (bpf_probe_read_kernel(&h, sizeof(h), ip))
 			return false;
-		if (iph.version != 4 || iph.protocol != IPPROTO_UDP)
+		if (h.ip.version != 4 || h.ip.protocol != IPPROTO_UDP)
 			return false;
-		if (iph.frag_off & bpf_htons(0x1fff))
+		if (h.ip.frag_off & bpf_htons(0x1fff))
 			return false;
-		l4 = ip + iph.ihl * 4;
-		if (bpf_probe_read_kernel(&uh, sizeof(uh), l4))
+		l4 = ip + h.ip.ihl * 4;
+		uh = h.udp;
+		if (h.ip.ihl != 5 && bpf_probe_read_kernel(&uh, sizeof(uh), l4))
 			return false;
 		p->t.sport = bpf_ntohs(uh.source);
 		p->t.dport = bpf_ntohs(uh.dest);
 		if (!port_match(p->t.sport, p->t.dport))
 			return false;
-		__builtin_memcpy(p->t.saddr, &iph.saddr, 4);
-		__builtin_memcpy(p->t.daddr, &iph.daddr, 4);
+		__builtin_memcpy(p->t.saddr, &h.ip.saddr, 4);
+		__builtin_memcpy(p->t.daddr, &h.ip.daddr, 4);
 		p->t.family = 4;
 	} else {
-		struct ipv6hdr ip6;
-		if (bpf_probe_read_kernel(&ip6, sizeof(ip6), ip))
+		struct ip6udp h;
+		if (bpf_probe_read_kernel(&h, sizeof(h), ip))
 			return false;
-		if (ip6.version != 6 || ip6.nexthdr != IPPROTO_UDP)
+		if (h.ip.version != 6 || h.ip.nexthdr != IPPROTO_UDP)
 			return false;
-		l4 = ip + sizeof(ip6);
-		if (bpf_probe_read_kernel(&uh, sizeof(uh), l4))
-			return false;
+		l4 = ip + sizeof(h.ip);
+		uh = h.udp;
 		p->t.sport = bpf_ntohs(uh.source);
 		p->t.dport = bpf_ntohs(uh.dest);
 		if (!port_match(p->t.sport, p->t.dport))
 			return false;
-		__builtin_memcpy(p->t.saddr, &ip6.saddr, 16);
-		__builtin_memcpy(p->t.daddr, &ip6.daddr, 16);
+		__builtin_memcpy(p->t.saddr, &h.ip.saddr, 16);
+		__builtin_memcpy(p->t.daddr, &h.ip.daddr, 16);
 		p->t.family = 6;
 	}
 	p->t.proto = IPPROTO_UDP;
@@ -186,6 +214,12 @@ static __always_inline bool parse_skb(struct sk_buff *skb, struct pkt *p)
 	p->payload = (__u64)payload;
 	p->payload_len = len;
 	return true;
+}
+
+/* parse_skb: the helper-read variant (kprobe and fentry callers). */
+static __always_inline bool parse_skb(struct sk_buff *skb, struct pkt *p)
+{
+	return parse_skb_tier(skb, p, false);
 }
 
 static __always_inline __u32 skb_netns(struct sk_buff *skb)
@@ -273,7 +307,7 @@ static __always_inline int emit_skb_tier(struct sk_buff *skb, __u8 kind, __u64 l
 					 __u32 reason, struct sock *rx_sk, __u8 tier)
 {
 	struct pkt p = {};
-	if (!parse_skb(skb, &p))
+	if (!parse_skb_tier(skb, &p, tier == TIER_TRACEPOINT))
 		return 0;
 	__u32 netns = skb_netns(skb);
 	if (!netns && rx_sk)
