@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -12,7 +13,9 @@ import (
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
-const testPrefix = "dnsrace-tl"
+// testPrefix is unique per test process: two runs on one machine never
+// meet (a lab's prefix is its lock).
+var testPrefix = fmt.Sprintf("dnsrace-tl%d", os.Getpid())
 
 // assertNothingLeft fails t if the lab left a namespace, an /etc/netns
 // folder, a state file or a process behind.

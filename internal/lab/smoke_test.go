@@ -17,7 +17,7 @@ func TestMain(m *testing.M) {
 
 func TestSmokeGetent(t *testing.T) {
 	testutil.RequireRoot(t)
-	topo := Topology{Prefix: "dnsrace-tl", Pods: 1, Backends: 2}
+	topo := Topology{Prefix: testPrefix, Pods: 1, Backends: 2}
 	l, err := Up(topo, ServerConfig{})
 	if err != nil {
 		t.Fatal(err)

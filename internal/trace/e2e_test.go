@@ -3,6 +3,7 @@ package trace
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -15,6 +16,10 @@ import (
 	"github.com/dnsrace/dnsrace/internal/probe"
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
+
+// labPrefix is unique per test process, so two runs of this suite on one
+// machine never meet: a lab's prefix is its lock.
+var labPrefix = fmt.Sprintf("dnsrace-tt%d", os.Getpid())
 
 func TestMain(m *testing.M) {
 	nsutil.MaybeExecHelper()
@@ -72,7 +77,7 @@ func traceScenario(t *testing.T, name string) *traced {
 		t.Logf("resolver %s instead of %s (DNSRACE_TEST_RESOLVER)", r, sc.Resolver)
 	}
 	rep, err := lab.Run(context.Background(), lab.RunConfig{
-		Prefix: "dnsrace-tt",
+		Prefix: labPrefix,
 		Drive:  drive,
 		OnUp: func(l *lab.Lab) error {
 			for i := 0; i < l.Topology.Pods; i++ {
