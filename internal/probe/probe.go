@@ -21,7 +21,11 @@ import (
 )
 
 // DefaultRingBufferSize is the ring buffer size when Options leaves it 0.
-const DefaultRingBufferSize = 4 << 20
+// 32 MiB holds about half a second of events at 25,000 DNS queries/s (10
+// events a query): the reader loses the CPUs in bursts to the traffic it
+// traces, and with 4 MiB (70 ms) it lost events above 10,000 queries/s
+// (docs/performance.md).
+const DefaultRingBufferSize = 32 << 20
 
 // Options configure Open.
 type Options struct {

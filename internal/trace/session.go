@@ -54,12 +54,15 @@ type Session struct {
 	ctNS    map[uint32]bool
 	counts  map[string]int
 	events  uint64
-	out     *json.Encoder
-	done    chan struct{}
-	cancel  context.CancelFunc
-	readErr error
-	stopped bool
-	monoOff time.Duration
+	// nextTick and lastEvent (CLOCK_MONOTONIC ns) pace the correlator's
+	// Tick from the reader.
+	nextTick, lastEvent uint64
+	out                 *json.Encoder
+	done                chan struct{}
+	cancel              context.CancelFunc
+	readErr             error
+	stopped             bool
+	monoOff             time.Duration
 	// closed and lostAtStop (under mu): the tracer is closed, and the
 	// events it had lost by then.
 	closed     bool
@@ -121,20 +124,36 @@ func (s *Session) read(ctx context.Context) {
 		}
 		s.events++
 		s.corr.Handle(e)
+		// Tick here, between events, while the lock is held anyway: a
+		// ticker goroutine taking the lock for a Tick that walks every
+		// query in flight stalls the reader while the ring fills.
+		if e.TimeNs >= s.nextTick {
+			s.corr.Tick(monoNow())
+			s.nextTick = e.TimeNs + uint64(tickEvery)
+		}
+		s.lastEvent = e.TimeNs
 		s.mu.Unlock()
 	})
 }
 
+// tickEvery is how often the correlator classifies due drops and expires
+// old state.
+const tickEvery = 100 * time.Millisecond
+
 func (s *Session) tick(ctx context.Context) {
-	t := time.NewTicker(100 * time.Millisecond)
+	t := time.NewTicker(tickEvery)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			// Only when events are quiet: the reader ticks otherwise.
+			now := monoNow()
 			s.mu.Lock()
-			s.corr.Tick(monoNow())
+			if now >= s.lastEvent+uint64(tickEvery) {
+				s.corr.Tick(now)
+			}
 			s.mu.Unlock()
 		}
 	}
