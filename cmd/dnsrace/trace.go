@@ -20,7 +20,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dnsrace/dnsrace/internal/correlate"
-	"github.com/dnsrace/dnsrace/internal/ctstats"
 	"github.com/dnsrace/dnsrace/internal/event"
 	"github.com/dnsrace/dnsrace/internal/metrics"
 	"github.com/dnsrace/dnsrace/internal/pcapout"
@@ -240,31 +239,8 @@ func runTrace(ctx context.Context, args []string) error {
 	var sess atomic.Pointer[trace.Session]
 	var m *metrics.Metrics
 	if f.metrics != "" {
-		m = metrics.New(metrics.Config{PodLabels: f.podLabels, MaxPods: f.maxPods}, metrics.Source{
-			EventsLost: func() uint64 {
-				if s := sess.Load(); s != nil {
-					return s.Live().EventsLost
-				}
-				return 0
-			},
-			Probes: func() []metrics.Probe {
-				s := sess.Load()
-				if s == nil {
-					return nil
-				}
-				var ps []metrics.Probe
-				for _, p := range s.Probes() {
-					ps = append(ps, metrics.Probe{Hook: p.Hook, Tier: p.Tier.String(), Attached: p.Attached})
-				}
-				return ps
-			},
-			Conntrack: func() map[uint32]ctstats.Counters {
-				if s := sess.Load(); s != nil {
-					return s.Conntrack()
-				}
-				return nil
-			},
-		})
+		m = metrics.New(metrics.Config{PodLabels: f.podLabels, MaxPods: f.maxPods}, trace.MetricsSource(&sess))
+
 		srv, err := metrics.Serve(f.metrics, m)
 		if err != nil {
 			return usageError{err}

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/dnsrace/dnsrace/internal/correlate"
-	"github.com/dnsrace/dnsrace/internal/ctstats"
 	"github.com/dnsrace/dnsrace/internal/lab"
 	"github.com/dnsrace/dnsrace/internal/metrics"
 	"github.com/dnsrace/dnsrace/internal/nsutil"
@@ -62,7 +61,7 @@ func TestTraceKubernetes(t *testing.T) {
 		podOfNS   = map[uint32]*podtest.Pod{}
 		incidents []*correlate.Incident
 		live      atomic.Pointer[Session]
-		m         = metrics.New(metrics.Config{PodLabels: true}, sessionSource(&live))
+		m         = metrics.New(metrics.Config{PodLabels: true}, MetricsSource(&live))
 		srv       *metrics.Server
 		scrapes   []map[string]float64
 	)
@@ -253,34 +252,6 @@ func TestTraceKubernetes(t *testing.T) {
 	t.Logf("pcap: %d packets for %d incidents in the lab's pods; first text line:\n%s", pw.Packets(), len(incidents), firstLine(dump))
 }
 
-// sessionSource reads the session once it runs, as the CLI does.
-func sessionSource(live *atomic.Pointer[Session]) metrics.Source {
-	return metrics.Source{
-		EventsLost: func() uint64 {
-			if s := live.Load(); s != nil {
-				return s.Live().EventsLost
-			}
-			return 0
-		},
-		Probes: func() []metrics.Probe {
-			s := live.Load()
-			if s == nil {
-				return nil
-			}
-			var ps []metrics.Probe
-			for _, p := range s.Probes() {
-				ps = append(ps, metrics.Probe{Hook: p.Hook, Tier: p.Tier.String(), Attached: p.Attached})
-			}
-			return ps
-		},
-		Conntrack: func() map[uint32]ctstats.Counters {
-			if s := live.Load(); s != nil {
-				return s.Conntrack()
-			}
-			return nil
-		},
-	}
-}
 
 func incidentsOf(incs []*correlate.Incident, cause string) []*correlate.Incident {
 	var out []*correlate.Incident
