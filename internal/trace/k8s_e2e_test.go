@@ -252,7 +252,6 @@ func TestTraceKubernetes(t *testing.T) {
 	t.Logf("pcap: %d packets for %d incidents in the lab's pods; first text line:\n%s", pw.Packets(), len(incidents), firstLine(dump))
 }
 
-
 func incidentsOf(incs []*correlate.Incident, cause string) []*correlate.Incident {
 	var out []*correlate.Incident
 	for _, i := range incs {
