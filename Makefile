@@ -1,5 +1,7 @@
 # dnsrace: `make help` lists the targets.
 
+# sudo resets PATH (secure_path); Go's usual home keeps working under it.
+export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 GOFLAGS_TEST ?= -count=1
 # Privileged tests run as root (CI is root); they skip with a message otherwise.
