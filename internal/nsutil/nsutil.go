@@ -84,11 +84,21 @@ func List(prefix string) ([]string, error) {
 // Inode returns the namespace's inode number, the id BPF programs see
 // (net->ns.inum).
 func Inode(name string) (uint32, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(Path(name), &st); err != nil {
-		return 0, fmt.Errorf("reading network namespace %s: %w", name, err)
+	ino, ok := PathInode(Path(name))
+	if !ok {
+		return 0, fmt.Errorf("reading network namespace %s: not found", name)
 	}
-	return uint32(st.Ino), nil
+	return ino, nil
+}
+
+// PathInode returns the inode of a namespace file (/run/netns/NAME,
+// /proc/PID/ns/net): the netns id BPF programs report (net->ns.inum).
+func PathInode(path string) (uint32, bool) {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return 0, false
+	}
+	return uint32(st.Ino), true
 }
 
 // Do runs fn with the calling goroutine's thread inside the named namespace.

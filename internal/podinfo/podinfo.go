@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dnsrace/dnsrace/internal/nsutil"
 )
 
 // Pod is what is known of the sender of a query.
@@ -84,10 +86,10 @@ func New(cfg Config) *Resolver {
 	r := &Resolver{cfg: cfg, byNetNS: map[uint32]cached{}, byPID: map[uint32]cached{},
 		byCgroup: map[uint64]cached{}, cgPaths: map[uint64]string{}, now: time.Now}
 	var ok bool
-	if r.hostNetNS, ok = inode(filepath.Join(cfg.ProcRoot, "1/ns/net")); !ok && cfg.ProcRoot == "/proc" {
+	if r.hostNetNS, ok = nsutil.PathInode(filepath.Join(cfg.ProcRoot, "1/ns/net")); !ok && cfg.ProcRoot == "/proc" {
 		// PID 1 is not ours to read (a sandbox): take our own namespace
 		// as the host's.
-		r.hostNetNS, _ = inode("/proc/self/ns/net")
+		r.hostNetNS, _ = nsutil.PathInode("/proc/self/ns/net")
 	}
 	return r
 }
@@ -183,7 +185,7 @@ func (r *Resolver) netnsLocked(netns uint32) (Pod, bool) {
 	for _, pid := range r.pidsIn(netns) {
 		// The walk may be a few seconds old: the pid must still be in
 		// netns (not gone, nor reused by another pod's process).
-		if ino, in := inode(filepath.Join(r.cfg.ProcRoot, strconv.FormatUint(uint64(pid), 10), "ns/net")); !in || ino != netns {
+		if ino, in := nsutil.PathInode(filepath.Join(r.cfg.ProcRoot, strconv.FormatUint(uint64(pid), 10), "ns/net")); !in || ino != netns {
 			continue
 		}
 		if p, ok = r.fromPID(pid); ok {
@@ -220,7 +222,7 @@ func (r *Resolver) pidsIn(netns uint32) []uint32 {
 		if err != nil {
 			continue
 		}
-		if ino, ok := inode(filepath.Join(r.cfg.ProcRoot, e.Name(), "ns/net")); ok {
+		if ino, ok := nsutil.PathInode(filepath.Join(r.cfg.ProcRoot, e.Name(), "ns/net")); ok {
 			r.nsPids[ino] = append(r.nsPids[ino], uint32(n))
 		}
 	}
@@ -364,12 +366,4 @@ func (r *Resolver) scanCgroups() {
 		}
 		return nil
 	})
-}
-
-func inode(path string) (uint32, bool) {
-	var st syscall.Stat_t
-	if syscall.Stat(path, &st) != nil {
-		return 0, false
-	}
-	return uint32(st.Ino), true
 }

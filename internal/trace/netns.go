@@ -4,9 +4,9 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 
 	"github.com/dnsrace/dnsrace/internal/ctstats"
+	"github.com/dnsrace/dnsrace/internal/nsutil"
 )
 
 // nsCounters finds namespaces by inode and keeps their conntrack counter
@@ -31,18 +31,10 @@ func newNSCounters(procRoot string) *nsCounters {
 	return n
 }
 
-func inode(path string) (uint32, bool) {
-	var st syscall.Stat_t
-	if syscall.Stat(path, &st) != nil {
-		return 0, false
-	}
-	return uint32(st.Ino), true
-}
-
 // scan finds named namespaces and every process's namespace.
 func (n *nsCounters) scan() {
 	add := func(p string) {
-		if ino, ok := inode(p); ok {
+		if ino, ok := nsutil.PathInode(p); ok {
 			if _, known := n.paths[ino]; !known {
 				n.paths[ino] = p
 			}
