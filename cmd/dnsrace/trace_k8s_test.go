@@ -217,18 +217,7 @@ func TestTraceBinaryKubernetes(t *testing.T) {
 	if err := tr.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(ready); err == nil {
-			break
-		}
-		if time.Now().After(deadline) || tr.ProcessState != nil {
-			tr.Process.Kill()
-			tr.Wait()
-			t.Fatalf("no ready file after 30s: %s", stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitReady(t, tr, ready, &stderr)
 	look := exec.Command(dnsraceBin, nsutil.ExecHelperArg, prefix+"-pod0", "--", "getent", "ahosts", lab.QName(0))
 	_ = look.Run()
 	time.Sleep(300 * time.Millisecond)

@@ -17,6 +17,24 @@ import (
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
+// waitReady waits up to 30 s for the tracer's --ready-file; it kills the
+// tracer and fails the test when the file does not come.
+func waitReady(t *testing.T, tr *exec.Cmd, ready string, stderr *bytes.Buffer) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(ready); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tr.Process.Kill()
+			tr.Wait()
+			t.Fatalf("no ready file after 30s: %s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestTraceBadInput(t *testing.T) {
 	for _, args := range [][]string{
 		{"trace", "--port", "0"},
@@ -51,17 +69,7 @@ func TestTraceBinaryRuleDrop(t *testing.T) {
 	if err := tr.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(ready); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			tr.Process.Kill()
-			t.Fatalf("no ready file after 30s: %s", errb.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitReady(t, tr, ready, &errb)
 	// glibc: A answered, AAAA dropped, 5 s, retry; a timeout:1 keeps the
 	// lookup short without changing what the tracer must see.
 	look := exec.Command(dnsraceBin, nsutil.ExecHelperArg, prefix+"-pod0", "--", "getent", "ahosts", lab.QName(0))
