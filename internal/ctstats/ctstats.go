@@ -48,7 +48,8 @@ func (c Counters) Sub(prev Counters) Counters {
 	}
 }
 
-func (c *Counters) add(o Counters) {
+// Add adds o to c, field by field.
+func (c *Counters) Add(o Counters) {
 	c.Found += o.Found
 	c.Invalid += o.Invalid
 	c.Insert += o.Insert
@@ -127,7 +128,7 @@ func (r *Reader) Read() (Snapshot, error) {
 			s.PerCPU = append(s.PerCPU, Counters{})
 		}
 		s.PerCPU[cpu] = decodeCounters(attrs)
-		s.Total.add(s.PerCPU[cpu])
+		s.Total.Add(s.PerCPU[cpu])
 	}
 	msgs, err = r.query(msgGetStats, netlink.Request|netlink.Dump|netlink.Acknowledge)
 	if err != nil {

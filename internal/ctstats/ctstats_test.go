@@ -25,7 +25,7 @@ func TestReadHost(t *testing.T) {
 	}
 	var sum Counters
 	for _, c := range s.PerCPU {
-		sum.add(c)
+		sum.Add(c)
 	}
 	if sum != s.Total {
 		t.Errorf("total %+v is not the sum of the rows %+v", s.Total, sum)

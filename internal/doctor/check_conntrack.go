@@ -145,7 +145,7 @@ func parseCTStat(data []byte) (ctstats.Snapshot, error) {
 		}
 		s.Entries = uint32(get("entries"))
 		s.PerCPU = append(s.PerCPU, c)
-		s.Total = addCounters(s.Total, c)
+		s.Total.Add(c)
 	}
 	if err := sc.Err(); err != nil {
 		return s, err
@@ -156,14 +156,6 @@ func parseCTStat(data []byte) (ctstats.Snapshot, error) {
 	return s, nil
 }
 
-func addCounters(a, b ctstats.Counters) ctstats.Counters {
-	return ctstats.Counters{
-		Found: a.Found + b.Found, Invalid: a.Invalid + b.Invalid, Insert: a.Insert + b.Insert,
-		InsertFailed: a.InsertFailed + b.InsertFailed, Drop: a.Drop + b.Drop, EarlyDrop: a.EarlyDrop + b.EarlyDrop,
-		Error: a.Error + b.Error, SearchRestart: a.SearchRestart + b.SearchRestart,
-		ClashResolve: a.ClashResolve + b.ClashResolve, ChainTooLong: a.ChainTooLong + b.ChainTooLong,
-	}
-}
 
 // nonZero renders the counters that matter for DNS loss, non-zero only.
 func nonZero(c ctstats.Counters) string {

@@ -342,7 +342,7 @@ func (s *Session) reconcile(typ string) *Summary {
 		k, _ := s.ns.Delta(ns)
 		a := attrib[ns]
 		sum.Namespaces = append(sum.Namespaces, NamespaceSummary{NetNS: ns, Path: s.ns.path(ns), Kernel: k, Attributed: a, Late: s.ns.late[ns]})
-		sum.Kernel = addCounters(sum.Kernel, k)
+		sum.Kernel.Add(k)
 		sum.Attributed.InsertFailed += a.InsertFailed
 		sum.Attributed.Drop += a.Drop
 		sum.Attributed.EarlyDrop += a.EarlyDrop
@@ -362,19 +362,6 @@ func (s *Session) reconcile(typ string) *Summary {
 	return sum
 }
 
-func addCounters(a, b ctstats.Counters) ctstats.Counters {
-	a.Found += b.Found
-	a.Invalid += b.Invalid
-	a.Insert += b.Insert
-	a.InsertFailed += b.InsertFailed
-	a.Drop += b.Drop
-	a.EarlyDrop += b.EarlyDrop
-	a.Error += b.Error
-	a.SearchRestart += b.SearchRestart
-	a.ClashResolve += b.ClashResolve
-	a.ChainTooLong += b.ChainTooLong
-	return a
-}
 
 // Attribute fills the incident's pod, namespace and container from r: a
 // host process that is in no pod gets pod "host" and no namespace.
