@@ -156,7 +156,6 @@ func parseCTStat(data []byte) (ctstats.Snapshot, error) {
 	return s, nil
 }
 
-
 // nonZero renders the counters that matter for DNS loss, non-zero only.
 func nonZero(c ctstats.Counters) string {
 	var parts []string

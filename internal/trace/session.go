@@ -362,7 +362,6 @@ func (s *Session) reconcile(typ string) *Summary {
 	return sum
 }
 
-
 // Attribute fills the incident's pod, namespace and container from r: a
 // host process that is in no pod gets pod "host" and no namespace.
 func Attribute(r *podinfo.Resolver, inc *correlate.Incident) {
