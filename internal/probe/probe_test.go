@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/miekg/dns"
@@ -434,13 +435,60 @@ func probeByHook(tr *Tracer, hook string) ProbeInfo {
 	return ProbeInfo{}
 }
 
+// moduleWithoutBTF reports whether module is loaded as a module (not built
+// in) and the kernel has no BTF for it (/sys/kernel/btf/<module>): before
+// 5.11 (CONFIG_DEBUG_INFO_BTF_MODULES, e.g. Debian 11's 5.10) there is none,
+// and fentry cannot attach to the module's functions.
+func moduleWithoutBTF(module string) bool {
+	if _, err := os.Stat("/sys/module/" + module + "/initstate"); err != nil {
+		return false // built in (its functions are in vmlinux BTF) or not loaded
+	}
+	_, err := os.Stat("/sys/kernel/btf/" + module)
+	return errors.Is(err, os.ErrNotExist)
+}
+
+// conntrackHooks are the hooks on nf_conntrack's functions.
+var conntrackHooks = map[string]bool{"nf_conntrack_confirm": true, "nf_ct_resolve_clash": true}
+
+// fentryFallback is TestForcedTier's fentry case on a kernel without
+// nf_conntrack BTF: forcing fentry must be refused with a TierError naming a
+// conntrack hook, and the automatic choice must fall back to kprobe for the
+// conntrack hooks and say why fentry was skipped. It returns that automatic
+// tracer for the event checks.
+func fentryFallback(t *testing.T) *Tracer {
+	t.Helper()
+	tr, err := Open(Options{Attach: event.TierFentry})
+	if err == nil {
+		tr.Close()
+		t.Fatal("forced fentry attached although nf_conntrack has no BTF")
+	}
+	var te *TierError
+	if !errors.As(err, &te) || te.Tier != event.TierFentry || !conntrackHooks[te.Hook] || te.Err == nil {
+		t.Fatalf("forced fentry without nf_conntrack BTF: want a TierError for a conntrack hook, got %v", err)
+	}
+	t.Logf("forced fentry refused as expected: %v", err)
+	tr = open(t, Options{})
+	for _, p := range tr.Probes() {
+		if conntrackHooks[p.Hook] && (!p.Attached || p.Tier != event.TierKprobe || p.Err == nil) {
+			t.Errorf("%s without nf_conntrack BTF: want kprobe attached and the reason fentry was skipped, got %s", p.Hook, p)
+		}
+	}
+	return tr
+}
+
 // TestForcedTier forces DNSRACE_TEST_TIER and checks that it is what got
 // attached; for fentry and kprobe it also needs a confirm event for a DNS
-// packet crossing a DNAT rule, and a send event.
+// packet crossing a DNAT rule, and a send event. Where fentry cannot reach
+// nf_conntrack (no module BTF), the fentry case checks the refusal and the
+// fallback instead (fentryFallback), then the events of the fallback.
 func TestForcedTier(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	tier := testTier(t)
+	if tier == event.TierFentry && moduleWithoutBTF("nf_conntrack") {
+		forcedTierEvents(t, fentryFallback(t))
+		return
+	}
 	tr := open(t, Options{Attach: tier})
 
 	for _, p := range tr.Probes() {
@@ -465,7 +513,14 @@ func TestForcedTier(t *testing.T) {
 	if tier == event.TierTracepoint {
 		return
 	}
+	forcedTierEvents(t, tr)
+}
 
+// forcedTierEvents checks the confirm event of a DNS packet crossing a DNAT
+// rule and the send event, each from the tier its hook attached with.
+func forcedTierEvents(t *testing.T, tr *Tracer) {
+	t.Helper()
+	confTier, sendTier := probeByHook(tr, "nf_conntrack_confirm").Tier, probeByHook(tr, "udp_sendmsg").Tier
 	n := newTwoNS(t)
 	// nft: ip nat prerouting: ip daddr VIP udp dport 53 dnat to server
 	nftRules(t, n.server, nftables.TableFamilyIPv4, nftables.ChainTypeNAT,
@@ -483,7 +538,7 @@ func TestForcedTier(t *testing.T) {
 		c.dump(t)
 		t.Fatal("no confirm event in the server netns")
 	}
-	if conf.Tier != tier || conf.Verdict != 1 || conf.CT.Ptr == 0 || conf.CT.Status&event.IPSDstNAT == 0 ||
+	if conf.Tier != confTier || conf.Verdict != 1 || conf.CT.Ptr == 0 || conf.CT.Status&event.IPSDstNAT == 0 ||
 		conf.CT.Reply.Src.String() != serverAddr+":53" || conf.CTAfter != conf.CT.Ptr {
 		t.Errorf("confirm event: %s reply %s after %#x", describe(&conf), conf.CT.Reply, conf.CTAfter)
 	}
@@ -497,7 +552,7 @@ func TestForcedTier(t *testing.T) {
 			t.Logf("event: %s ct.reply=%s ct_after=%#x", describe(&e), e.CT.Reply, e.CTAfter)
 		}
 	}
-	if send.Tier != tier || send.NetNS != n.clientIno || send.Packet.Dst.String() != vipAddr+":53" || send.DNS.QType != dns.TypeA {
+	if send.Tier != sendTier || send.NetNS != n.clientIno || send.Packet.Dst.String() != vipAddr+":53" || send.DNS.QType != dns.TypeA {
 		t.Errorf("send event: %s", describe(&send))
 	}
 	if lost := tr.Lost(); lost != 0 {
@@ -620,6 +675,17 @@ func TestCloseIdempotent(t *testing.T) {
 
 func TestDropReasonName(t *testing.T) {
 	requireBTF(t)
+	if !kernelHasType(t, "skb_drop_reason") {
+		// Before 5.17 (e.g. 5.10) there is no enum skb_drop_reason: no name
+		// resolves and every value prints as a number.
+		if v, ok := DropReasonValue("NOT_SPECIFIED"); ok {
+			t.Errorf("NOT_SPECIFIED = %d on a kernel without enum skb_drop_reason", v)
+		}
+		if got := DropReasonName(2); got != "reason(2)" {
+			t.Errorf("DropReasonName(2) = %q without enum skb_drop_reason, want reason(2)", got)
+		}
+		return
+	}
 	v, ok := DropReasonValue("NOT_SPECIFIED")
 	if !ok {
 		t.Fatal("no NOT_SPECIFIED in enum skb_drop_reason")
@@ -630,4 +696,18 @@ func TestDropReasonName(t *testing.T) {
 	if got := DropReasonName(0xfffffff); got != "reason(268435455)" {
 		t.Errorf("unknown value: %q", got)
 	}
+}
+
+// kernelHasType reports whether the running kernel's BTF has a type named name.
+func kernelHasType(t *testing.T, name string) bool {
+	t.Helper()
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		t.Fatalf("loading kernel BTF: %v", err)
+	}
+	_, err = spec.AnyTypeByName(name)
+	if err != nil && !errors.Is(err, btf.ErrNotFound) {
+		t.Fatalf("looking up %s in kernel BTF: %v", name, err)
+	}
+	return err == nil
 }

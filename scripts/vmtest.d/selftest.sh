@@ -142,6 +142,92 @@ expect suite-tiers-missing 1 \
 	'^cells: 3 pass, 0 skip, 1 fail' \
 	-- "$tmp/tiers-missing.log"
 
+# A guest kernel that dies (here of the int3 oops, docs/vmtest.md): its cells fail as no-result and
+# the kernel line names the oops and the function it hit.
+cat >"$tmp/oops.log" <<'EOF'
+VMTEST-PLAN kernel=6.12 package=p version=1 pin=pinned wanted=p suite=bookworm arch=amd64 uname=u tiers=any suites=tpchurn suite_tiers=tpchurn:any accel=tcg tcg_thread=multi smp=2 timeout=600
+VMTEST-BOOT kernel=6.12 uname=6.12.117+deb12-cloud-amd64 uptime=1.85 cpus=2
+=== RUN   TestRawTracepointChurn
+[    2.697780] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI
+[    2.698030] CPU: 1 UID: 0 PID: 12 Comm: kworker/u8:0 Not tainted 6.12.117+deb12-cloud-amd64 #1  Debian 6.12.117-1~deb12u1
+[    2.698365] RIP: 0010:kmem_cache_free+0xaf/0x450
+[    2.700027] Kernel panic - not syncing: Fatal exception in interrupt
+VMTEST-HOST kernel=6.12 rc=0 seconds=4.1 timedout=0
+EOF
+expect oops 1 \
+	'^6\.12 +6\.12\.117\+deb12-cloud-amd64 +tpchurn +fail\(no-result\)' \
+	'guest kernel died: Oops: int3: 0000 at kmem_cache_free\+0xaf/0x450$' \
+	-- "$tmp/oops.log"
+grep -q '"crash": "Oops: int3: 0000 at kmem_cache_free+0xaf/0x450"' "$tmp/oops.json" || fail "oops: JSON lacks the crash"
+
+# A kernel pin the archive dropped: the matrix names the build used and says it is a fallback; the
+# JSON has the architecture, the pin and the wanted package.
+sed -e 's/^VMTEST-PLAN kernel=6.1 package=linux-image-6.1.0-57-cloud-amd64-unsigned /VMTEST-PLAN kernel=6.1 package=linux-image-6.1.0-57-cloud-amd64-unsigned pin=fallback wanted=linux-image-6.1.0-40-cloud-amd64-unsigned arch=arm64 /' \
+	"$tmp/6.1.log" >"$tmp/fallback.log"
+expect fallback 0 \
+	'^kernel 6\.1: linux-image-6\.1\.0-57-cloud-amd64-unsigned=6\.1\.192-3, .*done \(fallback: kernels\.txt pins linux-image-6\.1\.0-40-cloud-amd64-unsigned, which the archive no longer has\)$' \
+	'!guest kernel died' \
+	-- "$tmp/fallback.log"
+grep -q '"arch": "arm64", .*"pin": "fallback", "wanted": "linux-image-6.1.0-40-cloud-amd64-unsigned"' "$tmp/fallback.json" ||
+	fail "fallback: JSON lacks arch, pin or wanted"
+
+# same CMD... -- WANT: the output of `scripts/vmtest --call CMD...` must be WANT.
+same() {
+	local args=() got
+	while [ "$1" != -- ]; do
+		args+=("$1")
+		shift
+	done
+	got=$("$VMTEST" --call "${args[@]}" 2>&1) || true
+	if [ "$got" = "$2" ]; then echo "ok: ${args[*]}"; else fail "${args[*]}: got '$got', want '$2'"; fi
+}
+
+# Kernel series for the pin fallback.
+same series_glob linux-image-6.1.0-57-cloud-amd64-unsigned -- 'linux-image-6.1.0-*-cloud-amd64-unsigned'
+same series_glob linux-image-6.12.117+deb12-cloud-amd64-unsigned -- 'linux-image-6.12.*+deb12-cloud-amd64-unsigned'
+same series_glob linux-image-5.10.0-32-cloud-arm64 -- 'linux-image-5.10.0-*-cloud-arm64'
+same series_glob linux-image-cloud-amd64 -- 'linux-image-cloud-amd64'
+
+# The host's Debian mirror, from deb822 and one-line sources; vendors' repositories are ignored.
+mkdir -p "$tmp/apt/sources.list.d"
+echo 'VERSION_CODENAME=bookworm' >"$tmp/os-release"
+cat >"$tmp/apt/sources.list.d/debian.sources" <<'EOF'
+Types: deb
+# a comment
+URIs: http://mirror.example/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://mirror.example/debian-security
+Suites: bookworm-security
+Components: main
+EOF
+echo 'deb https://packages.vendor.example/apt cloud-sdk-bookworm main' >"$tmp/apt/sources.list.d/vendor.list"
+export DNSRACE_VMTEST_APT_ETC=$tmp/apt DNSRACE_VMTEST_OS_RELEASE=$tmp/os-release
+same debian_mirrors -- 'http://mirror.example/debian http://mirror.example/debian-security'
+rm "$tmp/apt/sources.list.d/debian.sources"
+echo 'deb [arch=amd64 signed-by=/k.gpg] http://one.example/debian/ bookworm main' >"$tmp/apt/sources.list"
+same debian_mirrors -- 'http://one.example/debian http://one.example/debian-security'
+
+# kernels.txt fields: suite= and arch= default to the host's codename and amd64.
+cat >"$tmp/kernels.txt" <<'EOF'
+# comment
+5.10 linux-image-5.10.0-32-cloud-amd64-unsigned suite=bullseye   # trailing comment
+6.1-arm64 linux-image-6.1.0-57-cloud-arm64-unsigned arch=arm64
+EOF
+DNSRACE_VMTEST_KERNELS_FILE=$tmp/kernels.txt same read_kernels -- "$(printf '%s\n' \
+	'5.10 linux-image-5.10.0-32-cloud-amd64-unsigned bullseye amd64' \
+	'6.1-arm64 linux-image-6.1.0-57-cloud-arm64-unsigned bookworm arm64')"
+echo '6.1 linux-image-6.1.0-57-cloud-amd64-unsigned arch=riscv64' >"$tmp/bad-kernels.txt"
+if out=$(DNSRACE_VMTEST_KERNELS_FILE=$tmp/bad-kernels.txt "$VMTEST" --call read_kernels 2>&1); then
+	fail "read_kernels accepted arch=riscv64: $out"
+else
+	echo "ok: read_kernels refuses an unknown field"
+fi
+unset DNSRACE_VMTEST_APT_ETC DNSRACE_VMTEST_OS_RELEASE
+
 if [ "$failures" -gt 0 ]; then
 	echo "selftest: $failures failure(s)"
 	exit 1
