@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/link"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/miekg/dns"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/dnsrace/dnsrace/internal/bpf"
 	"github.com/dnsrace/dnsrace/internal/event"
+	"github.com/dnsrace/dnsrace/internal/ksym"
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
@@ -85,9 +88,15 @@ func TestTraceDrop(t *testing.T) {
 	qname := uniqueName(t)
 	n.sendUDP(t, serverAddr, 53, dnsQuery(t, qname, dns.TypeAAAA))
 
-	netfilterDrop, ok := DropReasonValue("NETFILTER_DROP")
-	if !ok {
-		t.Fatal("enum skb_drop_reason has no NETFILTER_DROP in kernel BTF")
+	// Before 5.17 (e.g. 5.10) kfree_skb has no reason: the drop is known by
+	// where it happened instead.
+	hasReasons := kernelHasType(t, "skb_drop_reason")
+	var netfilterDrop uint32
+	if hasReasons {
+		var ok bool
+		if netfilterDrop, ok = DropReasonValue("NETFILTER_DROP"); !ok {
+			t.Fatal("enum skb_drop_reason has no NETFILTER_DROP in kernel BTF")
+		}
 	}
 	ours := func(e *event.Event) bool { return hasName(e, qname) }
 
@@ -110,23 +119,42 @@ func TestTraceDrop(t *testing.T) {
 		c.dump(t)
 		t.Fatal("no drop event for the query")
 	}
-	if drop.Reason != netfilterDrop || drop.NetNS != n.serverIno || drop.Location == 0 {
-		t.Errorf("drop event: %s location %#x (want reason NETFILTER_DROP=%d, server netns %d)",
-			describe(&drop), drop.Location, netfilterDrop, n.serverIno)
-	}
-	if got := DropReasonName(drop.Reason); got != "NETFILTER_DROP" {
-		t.Errorf("DropReasonName(%d) = %q", drop.Reason, got)
+	if hasReasons {
+		if drop.Reason != netfilterDrop || drop.NetNS != n.serverIno || drop.Location == 0 {
+			t.Errorf("drop event: %s location %#x (want reason NETFILTER_DROP=%d, server netns %d)",
+				describe(&drop), drop.Location, netfilterDrop, n.serverIno)
+		}
+		if got := DropReasonName(drop.Reason); got != "NETFILTER_DROP" {
+			t.Errorf("DropReasonName(%d) = %q", drop.Reason, got)
+		}
+	} else {
+		// A netfilter verdict drop frees the skb in nf_hook_slow.
+		syms, err := ksym.Load("")
+		if err != nil {
+			t.Fatalf("reading kallsyms: %v", err)
+		}
+		fn, _, ok := syms.Lookup(drop.Location)
+		if drop.Reason != 0 || drop.NetNS != n.serverIno || !ok || fn != "nf_hook_slow" {
+			t.Errorf("drop event without drop reasons: %s location %s (want no reason, nf_hook_slow, server netns %d)",
+				describe(&drop), syms.Format(drop.Location), n.serverIno)
+		}
 	}
 	if _, ok := c.wait(0, func(e *event.Event) bool { return ours(e) && e.Kind == event.KindRecv && e.NetNS == n.serverIno }); !ok {
 		t.Errorf("no recv event in the server netns")
 	}
 
 	// The server netns tracks connections (the ct rule): the dropped
-	// packet's unconfirmed entry is freed.
-	free, ok := c.wait(2*time.Second, func(e *event.Event) bool {
+	// packet's unconfirmed entry is freed. Before 6.1 the kmem_cache_free
+	// tracepoint has no cache argument and the hook is not attached: then it
+	// must say why.
+	if p := probeByHook(tr, "kmem_cache_free"); !p.Attached {
+		if kernelHasKmemCacheArg(t) || p.Err == nil {
+			t.Errorf("kmem_cache_free not attached: %s", p)
+		}
+		t.Logf("no ct_free events on this kernel: %s", p)
+	} else if free, ok := c.wait(2*time.Second, func(e *event.Event) bool {
 		return e.Kind == event.KindCTFree && e.NetNS == n.serverIno && e.CT.Orig.Src == xmit.Packet.Src
-	})
-	if !ok {
+	}); !ok {
 		t.Errorf("no ct_free event for the dropped packet's conntrack entry")
 	} else if free.CT.Confirmed() || free.CT.Orig != xmit.Packet || free.CT.Ptr == 0 {
 		t.Errorf("ct_free event: %s orig %s", describe(&free), free.CT.Orig)
@@ -160,7 +188,7 @@ func TestTraceAnswer(t *testing.T) {
 	n.serveDNS(t, serverAddr6, dns.RcodeNameError, 1)
 
 	tier := testTier(t)
-	tr := open(t, Options{Attach: tier})
+	tr := openTier(t, tier)
 	c := collect(t, tr)
 	qname := uniqueName(t)
 	conn := n.dial(t, "udp6", serverAddr6, 53)
@@ -197,7 +225,7 @@ func TestTraceAnswer(t *testing.T) {
 		c.dump(t)
 		t.Fatal("no deliver event for the answer")
 	}
-	if del.Tier != tier || !del.DNS.Response || del.DNS.Rcode != dns.RcodeNameError || del.DNS.ID != xmit.DNS.ID ||
+	if del.Tier != probeByHook(tr, "skb_consume_udp").Tier || !del.DNS.Response || del.DNS.Rcode != dns.RcodeNameError || del.DNS.ID != xmit.DNS.ID ||
 		del.Packet != xmit.Packet.Reverse() || del.NetNS != n.clientIno || del.Ifindex == 0 {
 		t.Errorf("deliver: %s id %d (query id %d)", describe(&del), del.DNS.ID, xmit.DNS.ID)
 	}
@@ -220,7 +248,7 @@ func TestRcvbufFull(t *testing.T) {
 	requireBTF(t)
 	n := newTwoNS(t)
 	n.serveDNS(t, serverAddr, dns.RcodeSuccess, 50)
-	tr := open(t, Options{Attach: testTier(t)})
+	tr := openTier(t, testTier(t))
 	if p := probeByHook(tr, "udp_fail_queue_rcv_skb"); !p.Attached {
 		t.Fatalf("udp_fail_queue_rcv_skb not attached: %s", p)
 	}
@@ -289,7 +317,7 @@ func TestClash(t *testing.T) {
 	nftRules(t, n.client, nftables.TableFamilyIPv4, nftables.ChainTypeNAT,
 		nftables.ChainHookOutput, nftables.ChainPriorityNATDest,
 		join(ipDaddr(vipAddr), udpDport(53), dnatTo(serverAddr))...)
-	tr := open(t, Options{Attach: tier})
+	tr := openTier(t, tier)
 	c := collect(t, tr)
 	msg := dnsQuery(t, uniqueName(t), dns.TypeA)
 
@@ -328,7 +356,7 @@ func TestClash(t *testing.T) {
 		t.Skipf("no clash in %d racing pairs (a race is not guaranteed)", rounds)
 	}
 	t.Logf("event: %s winner %#x %s status %#x", describe(&clash), clash.Winner.Ptr, clash.Winner.Orig, clash.Winner.Status)
-	if clash.Tier != tier || clash.CT.Ptr == 0 || clash.Winner.Ptr == 0 || clash.Winner.Ptr == clash.CT.Ptr ||
+	if clash.Tier != probeByHook(tr, "nf_ct_resolve_clash").Tier || clash.CT.Ptr == 0 || clash.Winner.Ptr == 0 || clash.Winner.Ptr == clash.CT.Ptr ||
 		!clash.Winner.Confirmed() || clash.Winner.Orig != clash.CT.Orig {
 		t.Errorf("clash: loser %#x %s, winner %#x %s confirmed=%v",
 			clash.CT.Ptr, clash.CT.Orig, clash.Winner.Ptr, clash.Winner.Orig, clash.Winner.Confirmed())
@@ -435,58 +463,93 @@ func probeByHook(tr *Tracer, hook string) ProbeInfo {
 	return ProbeInfo{}
 }
 
-// moduleWithoutBTF reports whether module is loaded as a module (not built
-// in) and the kernel has no BTF for it (/sys/kernel/btf/<module>): before
-// 5.11 (CONFIG_DEBUG_INFO_BTF_MODULES, e.g. Debian 11's 5.10) there is none,
-// and fentry cannot attach to the module's functions.
-func moduleWithoutBTF(module string) bool {
-	if _, err := os.Stat("/sys/module/" + module + "/initstate"); err != nil {
-		return false // built in (its functions are in vmlinux BTF) or not loaded
+// fentryLimit says why this kernel cannot give dnsrace the fentry tier, or
+// "" if it can. It asks the kernel directly, not the loader: a trivial
+// fentry program must attach to udp_sendmsg (arm64 kernels before 6.4 lack
+// ftrace direct calls and answer ENOTSUPP, e.g. Debian's 6.1), and
+// nf_conntrack, when it is a module, must have BTF (5.11+,
+// CONFIG_DEBUG_INFO_BTF_MODULES; Debian 11's 5.10 has none).
+func fentryLimit(t *testing.T) string {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.Tracing, AttachType: ebpf.AttachTraceFEntry, AttachTo: "udp_sendmsg", License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		return fmt.Sprintf("a fentry program does not load: %v", err)
 	}
-	_, err := os.Stat("/sys/kernel/btf/" + module)
-	return errors.Is(err, os.ErrNotExist)
+	defer prog.Close()
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+	if err != nil {
+		return fmt.Sprintf("a fentry program does not attach to udp_sendmsg: %v", err)
+	}
+	l.Close()
+	if _, err := os.Stat("/sys/module/nf_conntrack/initstate"); err == nil { // a module, not built in
+		if _, err := os.Stat("/sys/kernel/btf/nf_conntrack"); errors.Is(err, os.ErrNotExist) {
+			return "nf_conntrack has no BTF (/sys/kernel/btf/nf_conntrack)"
+		}
+	}
+	return ""
 }
 
-// conntrackHooks are the hooks on nf_conntrack's functions.
-var conntrackHooks = map[string]bool{"nf_conntrack_confirm": true, "nf_ct_resolve_clash": true}
+// functionHooks are the hooks on kernel functions (fentry or kprobe).
+var functionHooks = map[string]bool{
+	"nf_conntrack_confirm": true, "nf_ct_resolve_clash": true, "skb_consume_udp": true,
+	"udp_sendmsg": true, "udpv6_sendmsg": true,
+}
 
-// fentryFallback is TestForcedTier's fentry case on a kernel without
-// nf_conntrack BTF: forcing fentry must be refused with a TierError naming a
-// conntrack hook, and the automatic choice must fall back to kprobe for the
-// conntrack hooks and say why fentry was skipped. It returns that automatic
-// tracer for the event checks.
-func fentryFallback(t *testing.T) *Tracer {
+// openTier opens a Tracer with the tier under test forced. Where the kernel
+// cannot give fentry (fentryLimit), the fentry case checks instead that
+// forcing it is refused with a TierError naming a function hook, and that the
+// automatic choice falls back to kprobe for the function hooks that need
+// fentry's missing piece and says why; it returns that automatic tracer. The
+// tests then expect each event in the tier its hook attached with.
+func openTier(t *testing.T, tier event.Tier) *Tracer {
 	t.Helper()
+	if tier != event.TierFentry {
+		return open(t, Options{Attach: tier})
+	}
+	limit := fentryLimit(t)
+	if limit == "" {
+		return open(t, Options{Attach: tier})
+	}
+	t.Logf("fentry is limited here: %s", limit)
 	tr, err := Open(Options{Attach: event.TierFentry})
 	if err == nil {
 		tr.Close()
-		t.Fatal("forced fentry attached although nf_conntrack has no BTF")
+		t.Fatalf("forced fentry attached although %s", limit)
 	}
 	var te *TierError
-	if !errors.As(err, &te) || te.Tier != event.TierFentry || !conntrackHooks[te.Hook] || te.Err == nil {
-		t.Fatalf("forced fentry without nf_conntrack BTF: want a TierError for a conntrack hook, got %v", err)
+	if !errors.As(err, &te) || te.Tier != event.TierFentry || !functionHooks[te.Hook] || te.Err == nil {
+		t.Fatalf("forced fentry where %s: want a TierError for a function hook, got %v", limit, err)
 	}
 	t.Logf("forced fentry refused as expected: %v", err)
 	tr = open(t, Options{})
 	for _, p := range tr.Probes() {
-		if conntrackHooks[p.Hook] && (!p.Attached || p.Tier != event.TierKprobe || p.Err == nil) {
-			t.Errorf("%s without nf_conntrack BTF: want kprobe attached and the reason fentry was skipped, got %s", p.Hook, p)
+		if !functionHooks[p.Hook] || p.Tier == event.TierFentry {
+			continue
 		}
+		if !p.Attached || p.Tier != event.TierKprobe || p.Err == nil {
+			t.Errorf("%s where %s: want kprobe attached and the reason fentry was skipped, got %s", p.Hook, limit, p)
+		}
+	}
+	if p := probeByHook(tr, "nf_conntrack_confirm"); p.Tier != event.TierKprobe {
+		t.Errorf("nf_conntrack_confirm where %s: want the kprobe fallback, got %s", limit, p)
 	}
 	return tr
 }
 
 // TestForcedTier forces DNSRACE_TEST_TIER and checks that it is what got
 // attached; for fentry and kprobe it also needs a confirm event for a DNS
-// packet crossing a DNAT rule, and a send event. Where fentry cannot reach
-// nf_conntrack (no module BTF), the fentry case checks the refusal and the
-// fallback instead (fentryFallback), then the events of the fallback.
+// packet crossing a DNAT rule, and a send event. Where the kernel cannot
+// give fentry (fentryLimit), the fentry case checks the refusal and the
+// fallback instead (openTier), then the events of the fallback.
 func TestForcedTier(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	tier := testTier(t)
-	if tier == event.TierFentry && moduleWithoutBTF("nf_conntrack") {
-		forcedTierEvents(t, fentryFallback(t))
+	if tier == event.TierFentry && fentryLimit(t) != "" {
+		forcedTierEvents(t, openTier(t, tier))
 		return
 	}
 	tr := open(t, Options{Attach: tier})
@@ -710,4 +773,34 @@ func kernelHasType(t *testing.T, name string) bool {
 		t.Fatalf("looking up %s in kernel BTF: %v", name, err)
 	}
 	return err == nil
+}
+
+// kernelHasKmemCacheArg reports whether the kmem_cache_free tracepoint passes
+// the struct kmem_cache (6.1+), from its btf_trace_ typedef.
+func kernelHasKmemCacheArg(t *testing.T) bool {
+	t.Helper()
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		t.Fatalf("loading kernel BTF: %v", err)
+	}
+	var td *btf.Typedef
+	if err := spec.TypeByName("btf_trace_kmem_cache_free", &td); err != nil {
+		t.Fatalf("no btf_trace_kmem_cache_free in kernel BTF: %v", err)
+	}
+	ptr, ok := td.Type.(*btf.Pointer)
+	if !ok {
+		t.Fatalf("btf_trace_kmem_cache_free is %s, want a function pointer", td.Type)
+	}
+	proto, ok := ptr.Target.(*btf.FuncProto)
+	if !ok {
+		t.Fatalf("btf_trace_kmem_cache_free points to %s, want a function prototype", ptr.Target)
+	}
+	for _, p := range proto.Params {
+		if pp, ok := p.Type.(*btf.Pointer); ok {
+			if st, ok := btf.UnderlyingType(pp.Target).(*btf.Struct); ok && st.Name == "kmem_cache" {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -10,6 +10,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+
 	"github.com/dnsrace/dnsrace/internal/correlate"
 	"github.com/dnsrace/dnsrace/internal/event"
 	"github.com/dnsrace/dnsrace/internal/lab"
@@ -70,12 +74,15 @@ func traceScenario(t *testing.T, name string) *traced {
 	)
 	want := tier(t)
 	attach := want
-	if want == event.TierFentry && moduleWithoutBTF("nf_conntrack") {
-		// fentry cannot reach nf_conntrack's functions without module BTF
-		// (5.10): trace with the tiers the loader chooses, and check below
-		// that it fell back to kprobe for them and said why.
-		attach = event.TierNone
-		t.Logf("nf_conntrack has no BTF: tracing with the automatic tier choice instead of forced fentry")
+	if want == event.TierFentry {
+		if limit := fentryLimit(); limit != "" {
+			// The kernel cannot give fentry (5.10: no nf_conntrack BTF;
+			// arm64 before 6.4: no ftrace direct calls): trace with the
+			// tiers the loader chooses, and check below that it fell back
+			// to kprobe and said why.
+			attach = event.TierNone
+			t.Logf("fentry is limited here (%s): tracing with the automatic tier choice", limit)
+		}
 	}
 	drive := lab.DriveConfig{Scenario: sc}
 	// Under emulation (the VM matrix) a real glibc lookup takes about a
@@ -126,16 +133,15 @@ func traceScenario(t *testing.T, name string) *traced {
 			tr.node = n
 		}
 	}
-	// The tier that was asked for must be the one that traced; without
-	// nf_conntrack BTF, the fallback (kprobe) with the reason fentry was
-	// skipped.
+	// The tier that was asked for must be the one that traced; where fentry
+	// is limited, the fallback (kprobe) with the reason fentry was skipped.
 	for _, p := range tr.sum.Probes {
 		if p.Hook != "nf_conntrack_confirm" || want == event.TierTracepoint {
 			continue
 		}
 		if attach == event.TierNone {
 			if !p.Attached || p.Tier != event.TierKprobe.String() || p.Error == "" {
-				t.Fatalf("confirm hook without nf_conntrack BTF: tier %s attached=%v error %q, want kprobe and why fentry was skipped", p.Tier, p.Attached, p.Error)
+				t.Fatalf("confirm hook where fentry is limited: tier %s attached=%v error %q, want kprobe and why fentry was skipped", p.Tier, p.Attached, p.Error)
 			}
 			t.Logf("confirm hook fell back: %s (%s)", p.Tier, p.Error)
 		} else if !p.Attached || p.Tier != want.String() {
@@ -258,14 +264,29 @@ func TestTraceUpstreamLoss(t *testing.T) {
 	tr.checkStalls(t, correlate.CauseNoReply)
 }
 
-// moduleWithoutBTF reports whether module is loaded as a module (not built
-// in) and the kernel has no BTF for it (/sys/kernel/btf/<module>): before
-// 5.11 (CONFIG_DEBUG_INFO_BTF_MODULES) there is none, and fentry cannot
-// attach to the module's functions.
-func moduleWithoutBTF(module string) bool {
-	if _, err := os.Stat("/sys/module/" + module + "/initstate"); err != nil {
-		return false // built in (its functions are in vmlinux BTF) or not loaded
+// fentryLimit says why this kernel cannot give dnsrace the fentry tier, or
+// "" if it can, asking the kernel directly (as internal/probe's tests do): a
+// trivial fentry program must attach to udp_sendmsg (arm64 before 6.4 has no
+// ftrace direct calls), and nf_conntrack, when it is a module, must have BTF
+// (5.11+; Debian 11's 5.10 has none).
+func fentryLimit() string {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.Tracing, AttachType: ebpf.AttachTraceFEntry, AttachTo: "udp_sendmsg", License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		return fmt.Sprintf("a fentry program does not load: %v", err)
 	}
-	_, err := os.Stat("/sys/kernel/btf/" + module)
-	return errors.Is(err, os.ErrNotExist)
+	defer prog.Close()
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+	if err != nil {
+		return fmt.Sprintf("a fentry program does not attach to udp_sendmsg: %v", err)
+	}
+	l.Close()
+	if _, err := os.Stat("/sys/module/nf_conntrack/initstate"); err == nil { // a module, not built in
+		if _, err := os.Stat("/sys/kernel/btf/nf_conntrack"); errors.Is(err, os.ErrNotExist) {
+			return "nf_conntrack has no BTF (/sys/kernel/btf/nf_conntrack)"
+		}
+	}
+	return ""
 }
