@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -229,6 +230,15 @@ func TestTraceSNATPort(t *testing.T) {
 
 func TestTraceSameTuple(t *testing.T) {
 	tr := traceScenario(t, "same-tuple")
+	// The race needs two CPUs at the same instant. Under single-threaded
+	// emulation (the VM matrix: docs/vmtest.md, "The int3 oops") vCPUs take
+	// turns, and a 10 s run saw 0 to 3 clashes; the harness then allows more
+	// runs (DNSRACE_TEST_RACE_ATTEMPTS) until the kernel counted one. Every
+	// run is checked in full.
+	for run := 1; tr.node.Kernel.ClashResolve == 0 && run < raceAttempts(t); run++ {
+		t.Logf("run %d: the kernel counted no clash; running the scenario again", run)
+		tr = traceScenario(t, "same-tuple")
+	}
 	got := tr.count(correlate.CauseClashResolved)
 	if uint64(got) != tr.node.Kernel.ClashResolve || got == 0 {
 		t.Errorf("%d clash_resolved incidents, kernel clash_resolve %d", got, tr.node.Kernel.ClashResolve)
@@ -289,4 +299,18 @@ func fentryLimit() string {
 		}
 	}
 	return ""
+}
+
+// raceAttempts is how many runs a scenario whose race is not guaranteed
+// may take: DNSRACE_TEST_RACE_ATTEMPTS, default 1.
+func raceAttempts(t *testing.T) int {
+	v := os.Getenv("DNSRACE_TEST_RACE_ATTEMPTS")
+	if v == "" {
+		return 1
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("DNSRACE_TEST_RACE_ATTEMPTS=%q: want a number >= 1", v)
+	}
+	return n
 }
