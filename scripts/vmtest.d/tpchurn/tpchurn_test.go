@@ -1,19 +1,5 @@
 //go:build linux
 
-// Package tpchurn is the reproducer of the "Oops: int3 at kmem_cache_free"
-// that killed 6.12 vmtest guests (issue 10): it attaches and detaches one
-// trivial raw tracepoint program on kmem_cache_free in a tight loop while
-// other goroutines create and tear down network namespaces joined by veth
-// pairs with conntrack traffic, so that kmem_cache_free runs on every CPU
-// while its tracepoint site is being live-patched (static key + static call,
-// text_poke_bp). A kernel or emulator that mishandles the patching dies of
-// an int3 oops; one that does not survives every iteration.
-//
-// It runs on the host (make test-host, a short loop) and in every vmtest
-// guest (suite "tpchurn"), where it checks that the chosen qemu
-// configuration does not hit the oops. DNSRACE_TPCHURN_ITERATIONS and
-// DNSRACE_TPCHURN_SECONDS bound the loop (the first reached ends it).
-// See docs/vmtest.md, "The int3 oops".
 package tpchurn
 
 import (
