@@ -156,3 +156,30 @@ func TestBadInput(t *testing.T) {
 		t.Error("no inputs accepted")
 	}
 }
+
+// TestDocsInputs draws the README's picture from its committed inputs:
+// they read, and the legend names both kernels.
+func TestDocsInputs(t *testing.T) {
+	var in []Input
+	for _, f := range []string{"../../docs/bench/6.18-host.json", "../../docs/bench/6.1-vm.json"} {
+		r, err := lab.ReadBench(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in = append(in, Input{Name: f, Result: r})
+	}
+	var buf bytes.Buffer
+	if err := Write(&buf, "svg", in); err != nil {
+		t.Fatal(err)
+	}
+	texts := svgTexts(t, &buf)
+	for _, k := range []string{"6.18.44-fc-v657", "6.1.0-57-cloud-amd64"} {
+		found := false
+		for _, x := range texts {
+			found = found || x == k
+		}
+		if !found {
+			t.Errorf("no legend entry %q", k)
+		}
+	}
+}
