@@ -60,7 +60,7 @@ type traceFlags struct {
 	attach     string
 	listProbes bool
 	kernelBTF  string
-	port       uint16
+	ports      []uint
 	netns      string
 	duration   time.Duration
 	json       bool
@@ -82,7 +82,7 @@ func (f *traceFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.attach, "attach", "auto", "attach tier for the conntrack and send hooks: auto, fentry, kprobe or tracepoint")
 	fs.BoolVar(&f.listProbes, "list-probes", false, "print each hook's attach tier and why, then exit")
 	fs.StringVar(&f.kernelBTF, "kernel-btf", "", "BTF file for kernels without /sys/kernel/btf/vmlinux")
-	fs.Uint16Var(&f.port, "port", 53, "DNS port to trace (filtered in the kernel)")
+	fs.UintSliceVar(&f.ports, "port", []uint{53}, "DNS ports a query is recognised by at first sight, comma separated (at most 8; filtered in the kernel; NAT may rewrite them later)")
 	fs.StringVar(&f.netns, "netns", "", "trace only this network namespace (a path like /run/netns/NAME or /proc/PID/ns/net, or an inode number)")
 	fs.DurationVar(&f.duration, "duration", 0, "stop after this long and print the summary (default: until Ctrl-C)")
 	fs.BoolVar(&f.json, "json", false, "write JSON Lines: one object per incident, then a summary object")
@@ -128,10 +128,15 @@ func (b *byteSize) Set(s string) error {
 // probeOptions checks the flags and the machine and returns probe options.
 func (f *traceFlags) probeOptions() (probe.Options, error) {
 	var o probe.Options
-	if f.port == 0 {
-		return o, usagef("--port must be 1-65535")
+	if len(f.ports) == 0 || len(f.ports) > probe.MaxPorts {
+		return o, usagef("--port: want 1 to %d ports", probe.MaxPorts)
 	}
-	o.Port = f.port
+	for _, p := range f.ports {
+		if p == 0 || p > 65535 {
+			return o, usagef("--port %d: want 1-65535", p)
+		}
+		o.Ports = append(o.Ports, uint16(p))
+	}
 	if f.attach != "auto" {
 		t, err := event.ParseTier(f.attach)
 		if err != nil {
@@ -162,6 +167,14 @@ func (f *traceFlags) probeOptions() (probe.Options, error) {
 		return o, errors.New("this kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): dnsrace needs CONFIG_DEBUG_INFO_BTF=y, or pass --kernel-btf FILE with this kernel's BTF")
 	}
 	return o, nil
+}
+
+func joinPorts(ps []uint) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = strconv.FormatUint(uint64(p), 10)
+	}
+	return strings.Join(s, ",")
 }
 
 // traceMemoryLimit is the soft heap limit of dnsrace trace.
@@ -293,7 +306,7 @@ func runTrace(ctx context.Context, args []string) error {
 				tiers = append(tiers, p.Hook+"="+p.Tier.String())
 			}
 		}
-		fmt.Fprintf(os.Stderr, "tracing DNS on port %d (%s); Ctrl-C to stop\n", f.port, strings.Join(tiers, " "))
+		fmt.Fprintf(os.Stderr, "tracing DNS on port %s (%s); Ctrl-C to stop\n", joinPorts(f.ports), strings.Join(tiers, " "))
 	}
 	if f.duration > 0 {
 		var cancel context.CancelFunc

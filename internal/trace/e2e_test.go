@@ -172,7 +172,7 @@ func (tr *traced) checkStalls(t *testing.T, cause string) {
 		if want := strings.TrimSuffix(lab.QName(pod), "."); inc.QName != want {
 			t.Errorf("incident %d: qname %q, want %q", inc.ID, inc.QName, want)
 		}
-		if inc.QType != "A" && inc.QType != "AAAA" {
+		if s := inc.QType.String(); s != "A" && s != "AAAA" {
 			t.Errorf("incident %d: qtype %q", inc.ID, inc.QType)
 		}
 	}

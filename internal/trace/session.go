@@ -96,6 +96,9 @@ func Start(opts Options) (*Session, error) {
 	if opts.ProcRoot == "" {
 		opts.ProcRoot = "/proc"
 	}
+	if opts.Probe.ProcRoot == "" {
+		opts.Probe.ProcRoot = opts.ProcRoot
+	}
 	t, err := probe.Open(opts.Probe)
 	if err != nil {
 		return nil, err
@@ -141,11 +144,15 @@ func (s *Session) read(ctx context.Context) {
 
 // handle runs on the reader for every event.
 func (s *Session) handle(e *event.Event) {
-	if e.CT.Ptr != 0 && !s.ctNS[e.NetNS] {
-		s.ctNS[e.NetNS] = true
-		s.ns.Seen(e.NetNS)
-	}
 	s.events.Add(1)
+	if e.Kind == event.KindCTNetNS {
+		// DNS is connection-tracked here: reconcile its counters.
+		if !s.ctNS[e.NetNS] {
+			s.ctNS[e.NetNS] = true
+			s.ns.Seen(e.NetNS)
+		}
+		return
+	}
 	s.corr.Handle(e)
 	// Tick between events too: under load the ring is never empty.
 	if e.TimeNs >= s.nextTick {

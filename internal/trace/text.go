@@ -64,7 +64,7 @@ func WriteIncidentText(w io.Writer, inc *correlate.Incident) {
 		if w.QName != "" {
 			fmt.Fprintf(&b, " (%s %s, netns %d)", w.QName, w.QType, w.NetNS)
 		}
-		if w.ReplyDst != "" {
+		if w.ReplyDst.IsValid() {
 			fmt.Fprintf(&b, " holds reply %s->%s", w.ReplySrc, w.ReplyDst)
 		}
 	}
