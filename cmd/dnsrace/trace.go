@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -121,6 +122,9 @@ func (b *byteSize) Set(s string) error {
 	n, err := strconv.ParseInt(t, 10, 64)
 	if err != nil || n < 0 {
 		return fmt.Errorf("want a size like 4096, 512K, 100M or 1G, got %q", s)
+	}
+	if n > math.MaxInt64/mult {
+		return fmt.Errorf("size %q is too large", s)
 	}
 	*b = byteSize(n * mult)
 	return nil
