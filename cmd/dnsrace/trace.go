@@ -270,15 +270,17 @@ func runTrace(ctx context.Context, args []string) error {
 	if f.pods && !f.listProbes {
 		topts.Pods = podinfo.New(podinfo.Config{ProcRoot: f.procRoot, Root: f.root})
 	}
-	pcapFailed := false
+	// A failed pcap write is reported and counted, and the next incident
+	// is tried again: one odd incident must not end the capture.
+	var pcapErrors atomic.Uint64
 	topts.OnIncident = func(inc *correlate.Incident) {
 		if m != nil {
 			m.Observe(inc)
 		}
-		if pw != nil && !pcapFailed {
+		if pw != nil {
 			if err := pw.WriteIncident(inc); err != nil {
-				pcapFailed = true
-				fmt.Fprintln(os.Stderr, "dnsrace trace: "+err.Error()+" (no more packets written)")
+				pcapErrors.Add(1)
+				fmt.Fprintf(os.Stderr, "dnsrace trace: pcap: incident %d not written: %v\n", inc.ID, err)
 			}
 		}
 	}
@@ -313,6 +315,7 @@ func runTrace(ctx context.Context, args []string) error {
 	go func() {
 		for range usr1 {
 			if cp := s.Checkpoint(); cp != nil {
+				cp.PcapErrors = pcapErrors.Load()
 				trace.WriteSummary(out, cp, f.json)
 			}
 		}
@@ -323,6 +326,7 @@ func runTrace(ctx context.Context, args []string) error {
 		<-ctx.Done()
 	}
 	sum := s.Stop()
+	sum.PcapErrors = pcapErrors.Load()
 	if output.Err() == nil {
 		trace.WriteSummary(out, sum, f.json)
 	}

@@ -116,7 +116,6 @@ type Incident struct {
 type Attributed struct {
 	InsertFailed uint64 `json:"insert_failed"`
 	Drop         uint64 `json:"drop"`
-	EarlyDrop    uint64 `json:"early_drop"`
 	ClashResolve uint64 `json:"clash_resolve"`
 }
 

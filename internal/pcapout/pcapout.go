@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -261,9 +262,23 @@ func lostID(inc *correlate.Incident, id uint16, qtype string) bool {
 	return false
 }
 
+// qtypeValue is the number of a query type as the correlator names it: a
+// mnemonic, or "TYPEn" (RFC 3597) for a type without one.
+func qtypeValue(s string) (uint16, bool) {
+	if t, ok := dns.StringToType[s]; ok {
+		return t, true
+	}
+	if n, ok := strings.CutPrefix(s, "TYPE"); ok {
+		if v, err := strconv.ParseUint(n, 10, 16); err == nil {
+			return uint16(v), true
+		}
+	}
+	return 0, false
+}
+
 // build serializes IP + UDP + DNS (header and question).
 func build(src, dst netip.AddrPort, id uint16, qname, qtype string, response bool) ([]byte, error) {
-	t, ok := dns.StringToType[qtype]
+	t, ok := qtypeValue(qtype)
 	if !ok {
 		return nil, fmt.Errorf("unknown qtype %q", qtype)
 	}

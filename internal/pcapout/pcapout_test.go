@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/gopacket/pcapgo"
+	"github.com/miekg/dns"
 
 	"github.com/dnsrace/dnsrace/internal/correlate"
 	"github.com/dnsrace/dnsrace/internal/pcapout"
@@ -161,5 +162,46 @@ func checkComments(t *testing.T, path string, want []string) {
 			continue
 		}
 		text = text[i+len(w):]
+	}
+}
+
+// A query type without a mnemonic (RFC 3597 "TYPEn") is written with its
+// number, and one incident that cannot be written leaves the writer usable.
+func TestUnnamedQType(t *testing.T) {
+	inc := incident()
+	inc.QType, inc.Lost[0].QType, inc.Retry.QType, inc.Sibling = "TYPE65280", "TYPE65280", "TYPE65280", nil
+	pkts, err := pcapout.Packets(inc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pkts) != 2 {
+		t.Fatalf("%d packets, want 2 (lost query, retry)", len(pkts))
+	}
+	var m dns.Msg
+	// raw IPv4 (20 bytes) + UDP (8): the DNS message follows
+	if err := m.Unpack(pkts[0].Data[28:]); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Question[0].Qtype; got != 65280 {
+		t.Errorf("qtype %d, want 65280", got)
+	}
+
+	w, err := pcapout.Create(filepath.Join(t.TempDir(), "out.pcapng"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := incident()
+	bad.QType, bad.Lost[0].QType = "NOT-A-TYPE", "NOT-A-TYPE"
+	if err := w.WriteIncident(bad); err == nil {
+		t.Error("an incident with an unknown qtype name was written")
+	}
+	if err := w.WriteIncident(inc); err != nil {
+		t.Errorf("the writer stopped after one bad incident: %v", err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if w.Packets() != 2 {
+		t.Errorf("%d packets written, want 2", w.Packets())
 	}
 }

@@ -319,7 +319,7 @@ func collect(t *testing.T, tr *Tracer) *collector {
 			c.mu.Lock()
 			c.events = append(c.events, *e)
 			c.mu.Unlock()
-		})
+		}, nil)
 	}()
 	t.Cleanup(c.stop)
 	return c

@@ -63,8 +63,6 @@ type hookDef struct {
 	checkFn func(proto *btf.FuncProto) error
 	fentry  []attachPoint
 	kprobe  []attachPoint
-	// tracepoint tier of a function hook, tried last (nil: none)
-	tpFallback func(k *btf.Spec, l *loader) (string, error)
 }
 
 func fixedTP(prog string) func(*btf.Spec) (string, error) {

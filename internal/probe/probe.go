@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -60,7 +62,7 @@ type Tracer struct {
 	readMu    sync.Mutex // one Read at a time; guards rec and ev
 	rec       ringbuf.Record
 	ev        event.Event
-	malformed uint64
+	malformed atomic.Uint64
 
 	closeOnce sync.Once
 }
@@ -294,40 +296,24 @@ func (l *loader) function(h hookDef) error {
 	var tiers []event.Tier
 	switch l.opts.Attach {
 	case event.TierTracepoint:
-		if h.tpFallback == nil {
-			info.Err = ErrNoTracepoint
-			l.t.probes = append(l.t.probes, info)
-			return nil
-		}
-		tiers = []event.Tier{event.TierTracepoint}
+		info.Err = ErrNoTracepoint
+		l.t.probes = append(l.t.probes, info)
+		return nil
 	case event.TierNone:
 		tiers = []event.Tier{event.TierFentry, event.TierKprobe}
-		if h.tpFallback != nil {
-			tiers = append(tiers, event.TierTracepoint)
-		}
 	default:
 		tiers = []event.Tier{l.opts.Attach}
 	}
 
 	var errs []error
 	for _, tier := range tiers {
-		var aps []attachPoint
-		switch tier {
-		case event.TierFentry:
-			aps = h.fentry
-		case event.TierKprobe:
+		aps := h.fentry
+		if tier == event.TierKprobe {
 			aps = h.kprobe
-		case event.TierTracepoint:
-			prog, err := h.tpFallback(l.kspec, l)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", tier, err))
-				continue
-			}
-			aps = []attachPoint{{prog: prog, kind: attachTracing}}
 		}
 		links, coll, err := l.tryTier(h, tier, aps)
 		if err != nil {
-			if l.opts.Attach != event.TierNone && l.opts.Attach != event.TierTracepoint {
+			if l.opts.Attach != event.TierNone {
 				return &TierError{Hook: h.name, Tier: tier, Err: err}
 			}
 			errs = append(errs, fmt.Errorf("%s: %w", tier, err))
@@ -356,9 +342,6 @@ func progNames(aps []attachPoint) string {
 // tryTier probes, loads and attaches one tier of h; on error nothing stays
 // loaded.
 func (l *loader) tryTier(h hookDef, tier event.Tier, aps []attachPoint) ([]link.Link, *ebpf.Collection, error) {
-	if tier == event.TierTracepoint {
-		return l.loadAttach(aps)
-	}
 	pt := ebpf.Kprobe
 	if tier == event.TierFentry {
 		pt = ebpf.Tracing
@@ -472,21 +455,30 @@ func (t *Tracer) Probes() []ProbeInfo {
 	return append([]ProbeInfo(nil), t.probes...)
 }
 
+// IdleEvery is how often Read calls its idle function while the ring
+// buffer is empty.
+const IdleEvery = 100 * time.Millisecond
+
 // Read calls fn for each event until ctx is done or the Tracer is closed,
 // then returns nil. fn gets the same *event.Event every time: it must copy
 // what it keeps. Read does not allocate per event. Records that do not
-// decode are counted (Malformed) and skipped.
-func (t *Tracer) Read(ctx context.Context, fn func(*event.Event)) error {
+// decode are counted (Malformed) and skipped. idle, if not nil, is called
+// from the same goroutine whenever the ring buffer has been empty for
+// IdleEvery, so a caller can keep all its state on the reading goroutine
+// and never share a lock with it.
+func (t *Tracer) Read(ctx context.Context, fn func(*event.Event), idle func()) error {
 	t.readMu.Lock()
 	defer t.readMu.Unlock()
 	if t.rd == nil {
 		return errors.New("tracer is closed")
 	}
 	// ctx done: Flush wakes a blocked ReadInto, which returns the records
-	// still in the ring and then ErrFlushed. (SetDeadline would wait for the
-	// reader's lock, held while it blocks.)
+	// still in the ring and then ErrFlushed.
 	stop := context.AfterFunc(ctx, func() { t.rd.Flush() })
 	defer stop()
+	// The deadline is only ever set here, between reads, so SetDeadline
+	// (which takes the reader's lock) never waits for a blocked read.
+	t.rd.SetDeadline(time.Now().Add(IdleEvery))
 	for {
 		if err := t.rd.ReadInto(&t.rec); err != nil {
 			switch {
@@ -497,11 +489,17 @@ func (t *Tracer) Read(ctx context.Context, fn func(*event.Event)) error {
 					return nil
 				}
 				continue
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				if idle != nil {
+					idle()
+				}
+				t.rd.SetDeadline(time.Now().Add(IdleEvery))
+				continue
 			}
 			return fmt.Errorf("reading the ring buffer: %w", err)
 		}
 		if err := event.Decode(t.rec.RawSample, &t.ev); err != nil {
-			t.malformed++
+			t.malformed.Add(1)
 			continue
 		}
 		fn(&t.ev)
@@ -523,13 +521,9 @@ func (t *Tracer) Lost() uint64 {
 }
 
 // Malformed returns how many records Read skipped because they did not
-// decode (a kernel/user-space mismatch; should stay 0). Call it after Read
-// returned.
-func (t *Tracer) Malformed() uint64 {
-	t.readMu.Lock()
-	defer t.readMu.Unlock()
-	return t.malformed
-}
+// decode (a kernel/user-space mismatch; should stay 0). Safe while Read
+// runs.
+func (t *Tracer) Malformed() uint64 { return t.malformed.Load() }
 
 // Close detaches and unloads everything; a concurrent Read returns nil.
 // Close is idempotent.

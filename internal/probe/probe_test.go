@@ -483,7 +483,7 @@ func TestReadAllocs(t *testing.T) {
 		if seen++; seen == 3*queries {
 			cancel()
 		}
-	})
+	}, nil)
 	runtime.ReadMemStats(&after)
 	if err != nil {
 		t.Fatal(err)
@@ -715,7 +715,7 @@ func TestCloseIdempotent(t *testing.T) {
 	if err := tr.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	if err := tr.Read(t.Context(), func(*event.Event) {}); err != nil {
+	if err := tr.Read(t.Context(), func(*event.Event) {}, nil); err != nil {
 		t.Errorf("Read after Close: %v", err)
 	}
 }

@@ -72,12 +72,14 @@ func WriteIncidentText(w io.Writer, inc *correlate.Incident) {
 	io.WriteString(w, b.String())
 }
 
-// WriteSummary writes the reconciliation as text or one JSON line.
+// WriteSummary writes the reconciliation as text or one JSON line, in one
+// Write (incidents may be written to w from another goroutine meanwhile).
 func WriteSummary(w io.Writer, s *Summary, asJSON bool) {
 	if asJSON {
 		_ = json.NewEncoder(w).Encode(s)
 		return
 	}
+	var b strings.Builder
 	total := 0
 	var parts []string
 	for _, c := range correlate.Causes {
@@ -86,32 +88,36 @@ func WriteSummary(w io.Writer, s *Summary, asJSON bool) {
 			parts = append(parts, fmt.Sprintf("%s %d", c, n))
 		}
 	}
-	fmt.Fprintf(w, "\n%s after %.1fs: %d incidents", s.Type, s.DurationS, total)
+	fmt.Fprintf(&b, "\n%s after %.1fs: %d incidents", s.Type, s.DurationS, total)
 	if len(parts) > 0 {
-		fmt.Fprintf(w, " (%s)", strings.Join(parts, ", "))
+		fmt.Fprintf(&b, " (%s)", strings.Join(parts, ", "))
 	}
-	fmt.Fprintf(w, "\n  %-14s %8s %11s\n", "conntrack", "kernel", "attributed")
+	fmt.Fprintf(&b, "\n  %-14s %8s %11s\n", "conntrack", "kernel", "attributed")
 	row := func(name string, k, a uint64) {
 		mark := "ok"
 		if k != a {
 			mark = "MISMATCH"
 		}
-		fmt.Fprintf(w, "  %-14s %8d %11d  %s\n", name, k, a, mark)
+		fmt.Fprintf(&b, "  %-14s %8d %11d  %s\n", name, k, a, mark)
 	}
 	row("insert_failed", s.Kernel.InsertFailed, s.Attributed.InsertFailed)
 	row("drop", s.Kernel.Drop, s.Attributed.Drop)
 	row("clash_resolve", s.Kernel.ClashResolve, s.Attributed.ClashResolve)
-	fmt.Fprintf(w, "  %-14s %8d %11s\n", "early_drop", s.Kernel.EarlyDrop, "-")
-	fmt.Fprintf(w, "  events %d, lost %d, malformed %d; queries %d (%d answered, %d in flight, %d evicted)\n",
+	fmt.Fprintf(&b, "  %-14s %8d %11s\n", "early_drop", s.Kernel.EarlyDrop, "-")
+	fmt.Fprintf(&b, "  events %d, lost %d, malformed %d; queries %d (%d answered, %d in flight, %d evicted)\n",
 		s.Events, s.EventsLost, s.Malformed, s.Queries.Queries, s.Queries.Answered, s.Queries.InFlight, s.Queries.Evicted)
-	for _, m := range s.Mismatch {
-		fmt.Fprintf(w, "  mismatch: %s\n", m)
+	if s.PcapErrors > 0 {
+		fmt.Fprintf(&b, "  pcap: %d incidents could not be written\n", s.PcapErrors)
 	}
-	fmt.Fprintf(w, "  probes:")
+	for _, m := range s.Mismatch {
+		fmt.Fprintf(&b, "  mismatch: %s\n", m)
+	}
+	fmt.Fprintf(&b, "  probes:")
 	for _, p := range s.Probes {
 		if p.Attached {
-			fmt.Fprintf(w, " %s=%s", p.Hook, p.Tier)
+			fmt.Fprintf(&b, " %s=%s", p.Hook, p.Tier)
 		}
 	}
-	fmt.Fprintln(w)
+	b.WriteByte('\n')
+	io.WriteString(w, b.String())
 }
