@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -121,6 +123,9 @@ func (b *byteSize) Set(s string) error {
 	if err != nil || n < 0 {
 		return fmt.Errorf("want a size like 4096, 512K, 100M or 1G, got %q", s)
 	}
+	if n > math.MaxInt64/mult {
+		return fmt.Errorf("size %q is too large", s)
+	}
 	*b = byteSize(n * mult)
 	return nil
 }
@@ -231,15 +236,18 @@ func runTrace(ctx context.Context, args []string) error {
 		fmt.Fprintln(os.Stderr, "warning: "+w)
 	}
 
-	var out io.Writer = os.Stdout
+	// Output errors (a full disk, a closed pipe) must not pass silently:
+	// the first is reported on one line and the summary goes to stderr.
+	output := &outputWriter{w: os.Stdout, name: "stdout", report: os.Stderr}
 	if f.outFile != "" {
 		rf, err := openRotating(f.outFile, int64(f.outMax))
 		if err != nil {
 			return err
 		}
 		defer rf.Close()
-		out = rf
+		output.w, output.name = rf, f.outFile
 	}
+	var out io.Writer = output
 	var prog *progress
 	if f.progress == "always" || (f.progress == "auto" && isTerminal(os.Stderr)) {
 		prog = &progress{w: os.Stderr, started: time.Now()}
@@ -332,8 +340,53 @@ func runTrace(ctx context.Context, args []string) error {
 	}
 	sum := s.Stop()
 	sum.PcapErrors = pcapErrors.Load()
-	trace.WriteSummary(out, sum, f.json)
+	if output.Err() == nil {
+		trace.WriteSummary(out, sum, f.json)
+	}
+	if output.Err() != nil {
+		trace.WriteSummary(os.Stderr, sum, f.json)
+		return exitCodeError{1} // the error itself is already on stderr
+	}
 	return nil
+}
+
+// outputWriter is where incidents and the summary go. It remembers the
+// first write error and reports it on one line to report; after it,
+// nothing more is written to w (a line cut off by a full disk stays the
+// last one) and Write fails at once.
+type outputWriter struct {
+	mu     sync.Mutex
+	w      io.Writer
+	name   string // "stdout" or the --output-file path
+	report io.Writer
+	err    error
+}
+
+func (o *outputWriter) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.err != nil {
+		return 0, o.err
+	}
+	n, err := o.w.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		o.err = err
+		if pe, ok := err.(*fs.PathError); ok {
+			err = pe.Err // "write PATH: ...": the path is the name already
+		}
+		fmt.Fprintf(o.report, "dnsrace trace: writing %s: %v (nothing more is written there; the summary goes to stderr)\n", o.name, err)
+	}
+	return n, o.err
+}
+
+// Err returns the first write error, or nil.
+func (o *outputWriter) Err() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.err
 }
 
 // checkOutputFlags validates the output, progress and metrics flags.
