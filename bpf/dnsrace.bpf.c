@@ -1140,16 +1140,20 @@ int BPF_PROG(tp_udp_fail_queue_rcv_skb_sk, int rc, struct sock *sk)
 static __always_inline int ct_freed(struct nf_conn *ct)
 {
 	__u32 status = BPF_CORE_READ(ct, status);
-	if (status & (IPS_CONFIRMED | IPS_NAT_CLASH))
-		return 0;
 	struct tuple orig = {};
 	read_tuple(&orig, ct, 0);
 	if (orig.proto != IPPROTO_UDP || !dns_ports(&orig))
 		return 0;
+	__u64 ctp = (__u64)ct;
+	if (status & (IPS_CONFIRMED | IPS_NAT_CLASH)) {
+		/* Its mark must not outlive it: the next entry at this
+		 * address may be the same socket's next flow. */
+		bpf_map_delete_elem(&cts, &ctp);
+		return 0;
+	}
 	__u32 netns = BPF_CORE_READ(ct, ct_net.net, ns.inum);
 	if (!netns_match(netns))
 		return 0;
-	__u64 ctp = (__u64)ct;
 	struct ctmark *m = bpf_map_lookup_elem(&cts, &ctp);
 	bool dropped = m && (m->flags & CTM_DROPPED) && !__builtin_memcmp(&m->orig, &orig, sizeof(orig));
 	if (m)
