@@ -91,6 +91,7 @@ type Tracer struct {
 	rec       ringbuf.Record
 	ev        event.Event
 	malformed atomic.Uint64
+	bytes     atomic.Uint64 // record bytes read
 
 	closeOnce sync.Once
 }
@@ -592,6 +593,7 @@ func (t *Tracer) Read(ctx context.Context, fn func(*event.Event), idle func()) e
 			}
 			return fmt.Errorf("reading the ring buffer: %w", err)
 		}
+		t.bytes.Add(uint64(len(t.rec.RawSample)))
 		if err := event.Decode(t.rec.RawSample, &t.ev); err != nil {
 			t.malformed.Add(1)
 			continue
@@ -649,6 +651,10 @@ func (t *Tracer) FlowsLive() uint64 {
 	}
 	return n
 }
+
+// Bytes returns how many bytes of records Read has read (the ring
+// buffer's own 8-byte record headers not counted). Safe while Read runs.
+func (t *Tracer) Bytes() uint64 { return t.bytes.Load() }
 
 // Malformed returns how many records Read skipped because they did not
 // decode (a kernel/user-space mismatch; should stay 0). Safe while Read

@@ -254,14 +254,29 @@ type Summary struct {
 	Attributed correlate.Attributed `json:"attributed"`
 	Mismatch   []string             `json:"mismatch"`
 	Events     uint64               `json:"events"`
+	EventBytes uint64               `json:"event_bytes"`
 	EventsLost uint64               `json:"events_lost"`
 	Malformed  uint64               `json:"events_malformed"`
+	// KernelFlows are the kernel side's flow counts (at the end only).
+	KernelFlows *KernelFlows `json:"kernel_flows,omitempty"`
 	Queries    correlate.Stats      `json:"queries"`
 	Namespaces []NamespaceSummary   `json:"namespaces"`
 	Probes     []ProbeSummary       `json:"probes"`
 	// PcapErrors counts incidents --pcap could not write (set by the
 	// caller that owns the pcap file).
 	PcapErrors uint64 `json:"pcap_write_errors"`
+}
+
+// KernelFlows are the kernel side's counts of the flows it followed: every
+// query first seen starts one, its answer ends it. The rest are still in
+// the LRU map (Live), or ended unanswered: replaced by a resend of the same
+// query (same socket and DNS id), or evicted from the map by newer flows.
+// Only unanswered queries ever leave that way.
+type KernelFlows struct {
+	Started    uint64 `json:"started"`
+	Answered   uint64 `json:"answered"`
+	Live       uint64 `json:"live"`
+	Unanswered uint64 `json:"ended_unanswered"`
 }
 
 // NamespaceSummary is the reconciliation of one namespace.
@@ -308,6 +323,12 @@ func (s *Session) Stop() *Summary {
 		s.corr.Close(monoNow())
 		s.publish()
 		sum := s.reconcile("summary", s.snap.Load(), s.tracer.Lost())
+		st := s.tracer.Stats()
+		kf := &KernelFlows{Started: st.FlowsNew, Answered: st.FlowsAnswered, Live: s.tracer.FlowsLive()}
+		if n := kf.Started - kf.Answered; n > kf.Live {
+			kf.Unanswered = n - kf.Live
+		}
+		sum.KernelFlows = kf
 		s.lostAtStop.Store(sum.EventsLost)
 		s.closed.Store(true)
 		s.ns.close()
@@ -338,7 +359,7 @@ func (s *Session) Checkpoint() *Summary {
 func (s *Session) reconcile(typ string, sn *snapshot, lost uint64) *Summary {
 	sum := &Summary{
 		Type: typ, DurationS: time.Since(s.started).Seconds(), Incidents: map[string]int{},
-		Events: s.events.Load(), EventsLost: lost, Malformed: s.tracer.Malformed(),
+		Events: s.events.Load(), EventBytes: s.tracer.Bytes(), EventsLost: lost, Malformed: s.tracer.Malformed(),
 		Queries: sn.stats, Probes: ProbeSummaries(s.tracer.Probes()), Mismatch: []string{},
 	}
 	for _, c := range correlate.Causes {
