@@ -258,10 +258,10 @@ type Summary struct {
 	EventsLost uint64               `json:"events_lost"`
 	Malformed  uint64               `json:"events_malformed"`
 	// KernelFlows are the kernel side's flow counts (at the end only).
-	KernelFlows *KernelFlows `json:"kernel_flows,omitempty"`
-	Queries    correlate.Stats      `json:"queries"`
-	Namespaces []NamespaceSummary   `json:"namespaces"`
-	Probes     []ProbeSummary       `json:"probes"`
+	KernelFlows *KernelFlows       `json:"kernel_flows,omitempty"`
+	Queries     correlate.Stats    `json:"queries"`
+	Namespaces  []NamespaceSummary `json:"namespaces"`
+	Probes      []ProbeSummary     `json:"probes"`
 	// PcapErrors counts incidents --pcap could not write (set by the
 	// caller that owns the pcap file).
 	PcapErrors uint64 `json:"pcap_write_errors"`
