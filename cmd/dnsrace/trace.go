@@ -59,25 +59,26 @@ Flags:
 `
 
 type traceFlags struct {
-	attach     string
-	listProbes bool
-	kernelBTF  string
-	ports      []uint
-	netns      string
-	duration   time.Duration
-	json       bool
-	readyFile  string
-	ringSize   uint32
-	procRoot   string
-	root       string
-	pods       bool
-	pcap       string
-	metrics    string
-	podLabels  bool
-	maxPods    int
-	outFile    string
-	outMax     byteSize
-	progress   string
+	attach       string
+	listProbes   bool
+	kernelBTF    string
+	ports        []uint
+	netns        string
+	duration     time.Duration
+	json         bool
+	readyFile    string
+	ringSize     uint32
+	procRoot     string
+	root         string
+	pods         bool
+	pcap         string
+	metrics      string
+	podLabels    bool
+	maxPods      int
+	outFile      string
+	outMax       byteSize
+	progress     string
+	showResolved bool
 }
 
 func (f *traceFlags) register(fs *pflag.FlagSet) {
@@ -100,6 +101,7 @@ func (f *traceFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.outFile, "output-file", "", "write incidents and the summary to this file instead of stdout")
 	fs.Var(&f.outMax, "output-max-size", "rotate --output-file once to FILE.1 when it would grow past this size (e.g. 100M; 0: no limit)")
 	fs.StringVar(&f.progress, "progress", "auto", "progress line on stderr: auto (when stderr is a terminal), always or never")
+	fs.BoolVar(&f.showResolved, "show-resolved", false, "list every race the kernel rescued (text output; by default they are summed up per pod every 10 s)")
 }
 
 // byteSize is a size flag: a number of bytes with an optional K, M or G
@@ -172,6 +174,39 @@ func (f *traceFlags) probeOptions() (probe.Options, error) {
 		return o, errors.New("this kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): dnsrace needs CONFIG_DEBUG_INFO_BTF=y, or pass --kernel-btf FILE with this kernel's BTF")
 	}
 	return o, nil
+}
+
+// tracingLine says, right after start, what is traced and that dnsrace is
+// waiting: on a quiet node it is the only line for a long time.
+func tracingLine(probes []probe.ProbeInfo, ports []uint, netns uint32) string {
+	byTier := map[string][]string{}
+	var tiers []string
+	for _, p := range probes {
+		if !p.Attached {
+			continue
+		}
+		t := p.Tier.String()
+		if byTier[t] == nil {
+			tiers = append(tiers, t)
+		}
+		byTier[t] = append(byTier[t], p.Hook)
+	}
+	var hooks []string
+	for _, t := range tiers {
+		hooks = append(hooks, t+": "+strings.Join(byTier[t], ", "))
+	}
+	where := "every network namespace"
+	if netns != 0 {
+		where = fmt.Sprintf("network namespace %d only", netns)
+	}
+	return fmt.Sprintf("dnsrace: tracing DNS on port %s in %s (%s); waiting for stalls, Ctrl-C to stop",
+		joinPorts(ports), where, strings.Join(hooks, "; "))
+}
+
+// progressLine is the progress line's text.
+func progressLine(since time.Duration, l trace.Live) string {
+	return fmt.Sprintf("tracing %s: %d DNS queries (%d answered, %d waiting), %d stalls, %d races rescued; %d records read, %d lost",
+		since.Truncate(time.Second), l.Queries, l.Answered, l.InFlight, l.Stalls, l.Rescued, l.Events, l.EventsLost)
 }
 
 func joinPorts(ps []uint) string {
@@ -279,7 +314,7 @@ func runTrace(ctx context.Context, args []string) error {
 			}
 		}()
 	}
-	topts := trace.Options{Probe: opts, Out: out, JSON: f.json, ReadyFile: f.readyFile, ProcRoot: f.procRoot}
+	topts := trace.Options{Probe: opts, Out: out, JSON: f.json, ReadyFile: f.readyFile, ProcRoot: f.procRoot, ShowResolved: f.showResolved}
 	if f.pods && !f.listProbes {
 		topts.Pods = podinfo.New(podinfo.Config{ProcRoot: f.procRoot, Root: f.root})
 	}
@@ -308,13 +343,7 @@ func runTrace(ctx context.Context, args []string) error {
 		return nil
 	}
 	if !f.json {
-		var tiers []string
-		for _, p := range s.Probes() {
-			if p.Attached {
-				tiers = append(tiers, p.Hook+"="+p.Tier.String())
-			}
-		}
-		fmt.Fprintf(os.Stderr, "tracing DNS on port %s (%s); Ctrl-C to stop\n", joinPorts(f.ports), strings.Join(tiers, " "))
+		fmt.Fprintln(os.Stderr, tracingLine(s.Probes(), f.ports, opts.NetNS))
 	}
 	if f.duration > 0 {
 		var cancel context.CancelFunc
@@ -523,9 +552,7 @@ func (p *progress) run(ctx context.Context, s *trace.Session) {
 			p.mu.Unlock()
 			return
 		case <-t.C:
-			l := s.Live()
-			line := fmt.Sprintf("tracing %s: %d queries, %d incidents, %d events, %d lost",
-				time.Since(p.started).Truncate(time.Second), l.Queries, l.Incidents, l.Events, l.EventsLost)
+			line := progressLine(time.Since(p.started), s.Live())
 			p.mu.Lock()
 			p.last = line
 			fmt.Fprintf(p.w, "\r\033[K%s", line)

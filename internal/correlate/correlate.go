@@ -115,6 +115,7 @@ type Correlator struct {
 	evicted  uint64
 	queries  uint64
 	answered uint64
+	lost     uint64
 }
 
 // New returns a Correlator.
@@ -127,16 +128,30 @@ func New(cfg Config) *Correlator {
 // Stats are the correlator's own counts.
 type Stats struct {
 	// Queries first seen; Answered: their answers seen reaching the
-	// asker; InFlight: waiting for an answer now; Evicted: forgotten
-	// early because more than MaxQueries were in flight.
+	// asker; Lost: declared lost (dropped, or retried unanswered);
+	// InFlight: waiting for an answer now; Evicted: forgotten early
+	// because more than MaxQueries were in flight.
 	Queries  uint64 `json:"queries"`
 	Answered uint64 `json:"answered"`
+	Lost     uint64 `json:"lost"`
 	InFlight int    `json:"in_flight"`
 	Evicted  uint64 `json:"evicted"`
 }
 
 func (c *Correlator) Stats() Stats {
-	return Stats{Queries: c.queries, Answered: c.answered, InFlight: c.ix.pending, Evicted: c.evicted}
+	return Stats{Queries: c.queries, Answered: c.answered, Lost: c.lost, InFlight: c.ix.pending, Evicted: c.evicted}
+}
+
+// OldestOpen is when the oldest stall still in progress started
+// (CLOCK_MONOTONIC ns); 0 when none is.
+func (c *Correlator) OldestOpen() uint64 {
+	var oldest uint64
+	for o := range c.opens {
+		if oldest == 0 || o.firstNs < oldest {
+			oldest = o.firstNs
+		}
+	}
+	return oldest
 }
 
 // Attributed returns what was explained, per namespace of the drop.

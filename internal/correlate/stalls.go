@@ -59,6 +59,7 @@ func (c *Correlator) markLost(q *query, p Packet) {
 		return
 	}
 	c.ix.setState(q, stateLost)
+	c.lost++
 	s := c.ix.nameStateOf(q.nk)
 	o := s.open
 	if o != nil && q.sentNs >= o.firstNs+uint64(c.cfg.MinRetryGap) {

@@ -41,6 +41,9 @@ type Options struct {
 	// Pods, when set, names the pod and container of every incident
 	// before it is written.
 	Pods *podinfo.Resolver
+	// ShowResolved lists every race the kernel rescued in the text
+	// output, instead of summing them up per pod every 10 s.
+	ShowResolved bool
 }
 
 // Session is one running trace.
@@ -65,6 +68,7 @@ type Session struct {
 	ctNS     map[uint32]bool
 	nextTick uint64 // CLOCK_MONOTONIC ns of the next Tick between events
 	out      *json.Encoder
+	text     *TextWriter
 	readErr  error
 
 	events atomic.Uint64
@@ -114,11 +118,13 @@ func Start(opts Options) (*Session, error) {
 	cfg.ReasonName = probe.DropReasonName
 	cfg.Location = s.syms.Format
 	cfg.Counters = s.ns
-	cfg.Wall = func(mono uint64) time.Time { return time.Unix(0, int64(mono)+int64(s.monoOff)) }
+	cfg.Wall = s.wall
 	cfg.OnIncident = s.incident
 	s.corr = correlate.New(cfg)
 	if opts.JSON {
 		s.out = json.NewEncoder(opts.Out)
+	} else {
+		s.text = NewTextWriter(opts.Out, opts.ShowResolved)
 	}
 	s.publish()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -164,7 +170,19 @@ func (s *Session) handle(e *event.Event) {
 func (s *Session) tick(now uint64) {
 	s.corr.Tick(now)
 	s.nextTick = now + uint64(tickEvery)
+	if s.text != nil {
+		var oldest time.Time
+		if o := s.corr.OldestOpen(); o != 0 {
+			oldest = s.wall(o)
+		}
+		s.text.Release(oldest, s.wall(now))
+	}
 	s.publish()
+}
+
+// wall converts a CLOCK_MONOTONIC time to wall time.
+func (s *Session) wall(mono uint64) time.Time {
+	return time.Unix(0, int64(mono)+int64(s.monoOff))
 }
 
 // publish copies what others read into a new snapshot.
@@ -195,7 +213,7 @@ func (s *Session) incident(inc *correlate.Incident) {
 	if s.out != nil {
 		_ = s.out.Encode(inc)
 	} else {
-		WriteIncidentText(s.opts.Out, inc)
+		s.text.Incident(inc)
 	}
 	if s.opts.OnIncident != nil {
 		s.opts.OnIncident(inc)
@@ -204,19 +222,25 @@ func (s *Session) incident(inc *correlate.Incident) {
 
 // Live is what a running session has seen so far.
 type Live struct {
-	Events     uint64
-	EventsLost uint64
-	Queries    uint64
-	Incidents  int
+	Events     uint64 // records read
+	EventsLost uint64 // records lost to a full ring buffer
+	Queries    uint64 // DNS queries seen
+	Answered   uint64
+	InFlight   int // waiting for an answer
+	Stalls     int // incidents but rescued races
+	Rescued    int // races the kernel rescued
 }
 
 // Live reads the session's running counts; it never waits for the reader
 // (queries and incidents are as of its last tick).
 func (s *Session) Live() Live {
 	sn := s.snap.Load()
-	l := Live{Events: s.events.Load(), Queries: sn.stats.Queries, EventsLost: s.lost()}
-	for _, n := range sn.counts {
-		l.Incidents += n
+	l := Live{Events: s.events.Load(), Queries: sn.stats.Queries, Answered: sn.stats.Answered,
+		InFlight: sn.stats.InFlight, EventsLost: s.lost(), Rescued: sn.counts[correlate.CauseClashResolved]}
+	for c, n := range sn.counts {
+		if c != correlate.CauseClashResolved {
+			l.Stalls += n
+		}
 	}
 	return l
 }
@@ -320,7 +344,11 @@ func (s *Session) Stop() *Summary {
 		s.cancel()
 		<-s.done
 		// The reader is gone: its state is Stop's now.
-		s.corr.Close(monoNow())
+		now := monoNow()
+		s.corr.Close(now)
+		if s.text != nil {
+			s.text.Close(s.wall(now))
+		}
 		s.publish()
 		sum := s.reconcile("summary", s.snap.Load(), s.tracer.Lost())
 		st := s.tracer.Stats()
