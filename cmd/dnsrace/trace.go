@@ -176,8 +176,17 @@ func (f *traceFlags) probeOptions() (probe.Options, error) {
 	return o, nil
 }
 
+// hookLabel is a hook's short name on the tracing line (--list-probes
+// shows the kernel's names).
+var hookLabel = map[string]string{
+	"nf_conntrack_confirm": "confirm", "nf_ct_resolve_clash": "clash", "skb_consume_udp": "deliver",
+	"udp_sendmsg": "send", "udpv6_sendmsg": "send6", "net_dev_queue": "xmit", "netif_receive_skb": "recv",
+	"skb_copy_datagram_iovec": "copy", "kfree_skb": "drop", "kmem_cache_free": "ct-free", "udp_fail_queue_rcv_skb": "rcvbuf",
+}
+
 // tracingLine says, right after start, what is traced and that dnsrace is
-// waiting: on a quiet node it is the only line for a long time.
+// waiting: on a quiet node it is the only line for a long time. It fits a
+// terminal line.
 func tracingLine(probes []probe.ProbeInfo, ports []uint, netns uint32) string {
 	byTier := map[string][]string{}
 	var tiers []string
@@ -189,17 +198,21 @@ func tracingLine(probes []probe.ProbeInfo, ports []uint, netns uint32) string {
 		if byTier[t] == nil {
 			tiers = append(tiers, t)
 		}
-		byTier[t] = append(byTier[t], p.Hook)
+		label := hookLabel[p.Hook]
+		if label == "" {
+			label = p.Hook
+		}
+		byTier[t] = append(byTier[t], label)
 	}
 	var hooks []string
 	for _, t := range tiers {
-		hooks = append(hooks, t+": "+strings.Join(byTier[t], ", "))
+		hooks = append(hooks, t+": "+strings.Join(byTier[t], " "))
 	}
-	where := "every network namespace"
+	where := "every netns"
 	if netns != 0 {
-		where = fmt.Sprintf("network namespace %d only", netns)
+		where = fmt.Sprintf("netns %d only", netns)
 	}
-	return fmt.Sprintf("dnsrace: tracing DNS on port %s in %s (%s); waiting for stalls, Ctrl-C to stop",
+	return fmt.Sprintf("dnsrace: tracing DNS port %s, %s (%s); waiting for stalls, Ctrl-C to stop",
 		joinPorts(ports), where, strings.Join(hooks, "; "))
 }
 
