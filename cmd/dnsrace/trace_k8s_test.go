@@ -344,7 +344,7 @@ func TestTraceProgress(t *testing.T) {
 	s := string(out)
 	draw := strings.Index(s, "\r\x1b[Ktracing ")
 	sum := strings.Index(s, "summary after")
-	if draw < 0 || sum < draw || !strings.Contains(s, " queries, ") || !strings.Contains(s, " lost") {
+	if draw < 0 || sum < draw || !strings.Contains(s, " DNS queries (") || !strings.Contains(s, " lost") {
 		t.Errorf("no progress line before the summary on a pty:\n%q", s)
 	}
 	if lastDraw, clear := strings.LastIndex(s[:sum], "\r\x1b[Ktracing "), strings.LastIndex(s[:sum], "\r\x1b[K"); clear <= lastDraw {
