@@ -36,20 +36,30 @@ func init() {
 
 const traceUsage = `Usage: dnsrace trace [flags]
 
-Attach eBPF programs to conntrack confirm, skb drop and packet tracepoints,
-follow every DNS query to its answer, drop or retry, and print one line per
-stall with its cause: insert_race (same_tuple or reply_clash, and the flow
-that won), clash_resolved, table_full, rule_drop, reply_unmatched,
-rcvbuf_full, no_reply, local_drop. At the end (--duration, Ctrl-C or
-SIGTERM) the attributed packets are reconciled with the kernel's own
-per-CPU conntrack counters; SIGUSR1 prints that reconciliation so far
-(a "checkpoint") without stopping.
+Follow every DNS query on this node to its answer, drop or retry, and
+explain each lookup that stalled: a headline (time, cause, stall, pod,
+question) and details (the lost packets with the kernel's drop reason, the
+A/AAAA sibling, the flow that won the race). Causes: insert_race
+(same_tuple or reply_clash, with the winner), table_full, rule_drop,
+reply_unmatched, rcvbuf_full, no_reply, local_drop; races the kernel
+rescued (clash_resolved) are summed up per pod every 10 s.
+
+eBPF in the kernel follows each query by its first sight (its send, or the
+first device that carries it) and its conntrack entry afterwards, so NAT
+rewriting ports does not lose it; only what needs explaining reaches user
+space. Tiers: fentry, else kprobe, for the conntrack confirm/clash, send
+and delivery hooks; where neither attaches, tracepoints alone.
+
+At the end (--duration, Ctrl-C or SIGTERM) what was explained is
+reconciled with the kernel's own per-CPU conntrack counters; SIGUSR1
+prints that reconciliation so far (a "checkpoint") without stopping.
 
 Examples:
   sudo dnsrace trace
   sudo dnsrace trace --duration 10m --json > stalls.jsonl
   sudo dnsrace trace --list-probes
   sudo dnsrace trace --attach tracepoint --netns /run/netns/dnsrace-node
+  sudo dnsrace trace --port 53,5353   # clients that also query a server on 5353
   sudo dnsrace trace --kernel-btf /var/lib/btf/$(uname -r).btf
   sudo dnsrace trace --pcap stalls.pcapng --metrics-addr :9153
   sudo dnsrace trace --json --output-file /var/log/dnsrace.jsonl --output-max-size 100M
@@ -82,7 +92,7 @@ type traceFlags struct {
 }
 
 func (f *traceFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.attach, "attach", "auto", "attach tier for the conntrack and send hooks: auto, fentry, kprobe or tracepoint")
+	fs.StringVar(&f.attach, "attach", "auto", "attach tier: auto (fentry, else kprobe, else tracepoints alone), fentry, kprobe or tracepoint")
 	fs.BoolVar(&f.listProbes, "list-probes", false, "print each hook's attach tier and why, then exit")
 	fs.StringVar(&f.kernelBTF, "kernel-btf", "", "BTF file for kernels without /sys/kernel/btf/vmlinux")
 	fs.UintSliceVar(&f.ports, "port", []uint{53}, "DNS ports a query is recognised by at first sight, comma separated (at most 8; filtered in the kernel; NAT may rewrite them later)")
