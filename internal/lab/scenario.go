@@ -127,7 +127,7 @@ var Scenarios = []Scenario{
 			want(&f, r.Stalls >= 1, "stalls = %d, want >= 1", r.Stalls)
 			want(&f, r.Conntrack.InsertFailed > 0, "insert_failed = %d, want > 0", r.Conntrack.InsertFailed)
 			want(&f, r.Conntrack.InsertFailed >= r.LostReplies, "insert_failed %d < lost queries %d", r.Conntrack.InsertFailed, r.LostReplies)
-			want(&f, r.Servers.Answered > 0, "the backends on port %d answered nothing", r.Topology.Port())
+			want(&f, r.AnswersReceived > 0, "no answer from the backends on port %d", r.Topology.Port())
 			return f
 		},
 	},

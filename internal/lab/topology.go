@@ -76,13 +76,14 @@ type Topology struct {
 	Pods     int    `json:"pods"`
 	Backends int    `json:"backends"`
 	// SNAT rewrites the source of queries leaving toward the backends to
-	// the node's uplink address and a port from SNATPorts, as a node that
-	// masquerades pod traffic does.
+	// the node's uplink address (the pod's own with LocalNAT) and a port
+	// from SNATPorts, as a node that masquerades pod traffic does.
 	SNAT        bool      `json:"snat"`
 	SNATPorts   PortRange `json:"snat_ports"`
 	RandomFully bool      `json:"random_fully"`
-	// UDPTimeout sets nf_conntrack_udp_timeout in the node (seconds; 0
-	// keeps the kernel's default). Short timeouts recycle SNAT ports fast.
+	// UDPTimeout sets nf_conntrack_udp_timeout in the namespaces that NAT
+	// (seconds; 0 keeps the kernel's default). Short timeouts recycle SNAT
+	// ports fast.
 	UDPTimeout int `json:"udp_timeout"`
 	// DropAAAA adds a firewall rule on the node's forward path that drops
 	// AAAA queries for the lab's names.
