@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"image"
+	_ "image/png"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,6 +74,7 @@ func TestLabBadInput(t *testing.T) {
 		{"lab", "run"},
 		{"lab", "run", "--scenario", "snat-port", "--no-such-flag"},
 		{"lab", "bench", "--iterations", "0"},
+		{"lab", "bench", "--resolver", "bind9"},
 		{"lab", "frobnicate"},
 	}
 	for _, args := range cases {
@@ -279,5 +282,46 @@ func TestLabDownLeavesOtherLabs(t *testing.T) {
 	}
 	if r := runBin(t, 60*time.Second, "lab", "down", "--prefix", b); r.code != 0 {
 		t.Fatalf("lab down %s: %s", b, r.stderr)
+	}
+}
+
+// TestLabComparePlot runs `lab compare --plot` on two bench files (format 2
+// and format 1): the table has a column per file, the PNG decodes, and a
+// bad plot name is a usage error.
+func TestLabComparePlot(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a.json")
+	b := filepath.Join(dir, "b.json")
+	if err := os.WriteFile(a, []byte(`{"version":2,"kernel":"6.18.44","cpus":2,"scenarios":[{"name":"snat-port","resolver":"glibc","stall_rate":0.1,
+		"latency":{"p50_ms":1,"histogram":{"le_ms":[0.5,1,5012],"count":[10,80,10]}}}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b, []byte(`{"version":1,"kernel":"6.1.0-57-cloud-amd64","cpus":2,"scenarios":[{"name":"snat-port","stall_rate":0.2,"latency":{"p50_ms":2}}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	png := filepath.Join(dir, "cmp.png")
+	r := runBin(t, 30*time.Second, "lab", "compare", a, b, "--plot", png)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "6.18.44") || !strings.Contains(r.stdout, "6.1.0-57-cloud-amd64") || !strings.Contains(r.stdout, "+100%") {
+		t.Errorf("table:\n%s", r.stdout)
+	}
+	f, err := os.Open(png)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, format, err := image.Decode(f); err != nil || format != "png" {
+		t.Errorf("plot: %v, format %q", err, format)
+	}
+	for _, args := range [][]string{
+		{"lab", "compare", a, b, "--plot", filepath.Join(dir, "cmp.pdf")},
+		{"lab", "compare", a},
+		{"lab", "compare", a, filepath.Join(dir, "missing.json")},
+	} {
+		if r := runBin(t, 30*time.Second, args...); r.code != 2 {
+			t.Errorf("%v: exit %d, want 2 (stderr %q)", args, r.code, r.stderr)
+		}
 	}
 }

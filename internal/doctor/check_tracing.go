@@ -39,17 +39,7 @@ func (e *env) kernelConfig(opt string, release string) (string, string) {
 			defer z.Close()
 			rd = z
 		}
-		sc := bufio.NewScanner(rd)
-		for sc.Scan() {
-			l := sc.Text()
-			if strings.HasPrefix(l, opt+"=") {
-				return strings.TrimPrefix(l, opt+"="), true
-			}
-			if l == "# "+opt+" is not set" {
-				return "n", true
-			}
-		}
-		return "n", sc.Err() == nil
+		return configValue(rd, opt)
 	}
 	if v, ok := try("/proc/config.gz", true); ok {
 		return v, "/proc/config.gz"
@@ -61,6 +51,23 @@ func (e *env) kernelConfig(opt string, release string) (string, string) {
 		}
 	}
 	return "", ""
+}
+
+// configValue finds opt in kernel config text: its value ("y", "m", a
+// string), "n" when it is "not set" or absent; ok is false when the text
+// could not be read to its end.
+func configValue(r io.Reader, opt string) (string, bool) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, opt+"=") {
+			return strings.TrimPrefix(l, opt+"="), true
+		}
+		if l == "# "+opt+" is not set" {
+			return "n", true
+		}
+	}
+	return "n", sc.Err() == nil
 }
 
 // fentryTrial loads a two-instruction fentry program on

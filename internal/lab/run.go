@@ -15,11 +15,13 @@ import (
 	"github.com/dnsrace/dnsrace/internal/nsutil"
 )
 
-// Latency percentiles of all lookups, in milliseconds.
+// Latency percentiles of all lookups, in milliseconds; in a bench result
+// also their histogram.
 type Latency struct {
-	P50Ms float64 `json:"p50_ms"`
-	P99Ms float64 `json:"p99_ms"`
-	MaxMs float64 `json:"max_ms"`
+	P50Ms     float64           `json:"p50_ms"`
+	P99Ms     float64           `json:"p99_ms"`
+	MaxMs     float64           `json:"max_ms"`
+	Histogram *LatencyHistogram `json:"histogram,omitempty"`
 }
 
 // Expectation is whether a run showed its scenario's expected outcome.

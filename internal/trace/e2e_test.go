@@ -136,7 +136,6 @@ func traceScenario(t *testing.T, name string) *traced {
 		tr.nat.Kernel.Add(n.Kernel)
 		tr.nat.Attributed.InsertFailed += n.Attributed.InsertFailed
 		tr.nat.Attributed.Drop += n.Attributed.Drop
-		tr.nat.Attributed.EarlyDrop += n.Attributed.EarlyDrop
 		tr.nat.Attributed.ClashResolve += n.Attributed.ClashResolve
 	}
 	// The tier that was asked for must be the one that traced.
@@ -189,7 +188,7 @@ func (tr *traced) checkStalls(t *testing.T, cause string) {
 		if want := strings.TrimSuffix(lab.QName(pod), "."); inc.QName != want {
 			t.Errorf("incident %d: qname %q, want %q", inc.ID, inc.QName, want)
 		}
-		if inc.QType != "A" && inc.QType != "AAAA" {
+		if s := inc.QType.String(); s != "A" && s != "AAAA" {
 			t.Errorf("incident %d: qtype %q", inc.ID, inc.QType)
 		}
 	}
