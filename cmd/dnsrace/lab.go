@@ -261,6 +261,9 @@ func labUp(args []string) error {
 		return err
 	}
 	fmt.Printf("lab %q is up (scenario %s): node %s, dns %s, pods %s..%s\n", t.Prefix, sc.Name, t.NodeNS(), t.DNSNS(), t.PodNS(0), t.PodNS(t.Pods-1))
+	if t.LocalNAT {
+		fmt.Printf("NAT and conntrack are in each pod's own namespace; the node only routes\n")
+	}
 	fmt.Printf("try:  ip netns exec %s getent ahosts %s\n", t.PodNS(0), lab.QName(0))
 	fmt.Printf("done: dnsrace lab down --prefix %s\n", t.Prefix)
 	return nil

@@ -198,3 +198,49 @@ func TestOwnedBy(t *testing.T) {
 		}
 	}
 }
+
+func TestNATNamespaces(t *testing.T) {
+	node := Topology{Prefix: "p", Pods: 3, Backends: 2}
+	if got := node.NATNamespaces(); len(got) != 1 || got[0] != "p-node" {
+		t.Errorf("node NAT: %v", got)
+	}
+	if node.Port() != 53 {
+		t.Errorf("default backend port %d", node.Port())
+	}
+	local := Topology{Prefix: "p", Pods: 3, Backends: 2, LocalNAT: true, BackendPort: 5353}
+	if got := local.NATNamespaces(); len(got) != 3 || got[0] != "p-pod0" || got[2] != "p-pod2" {
+		t.Errorf("local NAT: %v", got)
+	}
+	if local.Port() != 5353 {
+		t.Errorf("backend port %d", local.Port())
+	}
+	for _, n := range []string{"target-port", "local-out", "local-out-snat"} {
+		sc, err := LookupScenario(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tp := sc.Topology("p", sc.Pods)
+		if (n != "target-port") != tp.LocalNAT || (n == "target-port") != (tp.Port() == 5353) {
+			t.Errorf("%s: topology %+v", n, tp)
+		}
+	}
+}
+
+func TestWriteTextLocalNAT(t *testing.T) {
+	r := &Report{
+		Scenario: "local-out-snat", Topology: Topology{Prefix: "dnsrace", Pods: 2, LocalNAT: true},
+		NATNetNS:  []uint32{11, 12},
+		Conntrack: ctstats.Counters{InsertFailed: 5, Drop: 5},
+		ConntrackByNetNS: []NetNSConntrack{
+			{NetNS: 11, Name: "dnsrace-pod0", Conntrack: ctstats.Counters{InsertFailed: 2, Drop: 2}},
+			{NetNS: 12, Name: "dnsrace-pod1", Conntrack: ctstats.Counters{InsertFailed: 3, Drop: 3}},
+		},
+	}
+	var b bytes.Buffer
+	r.WriteText(&b)
+	for _, want := range []string{"insert_failed +5", "summed over the 2 pods' own netns", "pod1         insert_failed +3, drop +3, clash_resolve +0 (netns 12)"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("missing %q in\n%s", want, b.String())
+		}
+	}
+}
