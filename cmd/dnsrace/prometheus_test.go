@@ -21,8 +21,6 @@ import (
 
 	"github.com/dnsrace/dnsrace/internal/lab"
 	"github.com/dnsrace/dnsrace/internal/nsutil"
-	"github.com/dnsrace/dnsrace/internal/podinfo"
-	"github.com/dnsrace/dnsrace/internal/podinfo/podtest"
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
@@ -228,32 +226,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 
 	// pod0 looks like a kubelet pod: a long-lived process in its netns,
 	// in a kubelet-named cgroup, with its log folder under root.
-	root := t.TempDir()
-	cgRoot := podinfo.New(podinfo.Config{}).CgroupRoot()
-	if err := os.MkdirAll(filepath.Join(root, "sys/fs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(cgRoot, filepath.Join(root, "sys/fs/cgroup")); err != nil {
-		t.Fatal(err)
-	}
-	node, err := podtest.NewNode(cgRoot, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pause := exec.Command(dnsraceBin, nsutil.ExecHelperArg, prefix+"-pod0", "--", "sleep", "600")
-	if err := pause.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = pause.Process.Kill()
-		_ = pause.Wait()
-		if err := node.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
-	if _, err := node.AddPod("shop", "checkout-7f9c", "app", pause.Process.Pid); err != nil {
-		t.Fatal(err)
-	}
+	root := kubeletPod(t, prefix+"-pod0")
 
 	metricsAddr := freeAddr(t)
 	ready := filepath.Join(t.TempDir(), "ready")
