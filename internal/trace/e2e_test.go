@@ -204,32 +204,12 @@ func (tr *traced) checkStalls(t *testing.T, cause string) {
 
 func TestTraceSNATPort(t *testing.T) {
 	tr := traceScenario(t, "snat-port")
-	if tr.rep.Stalls == 0 {
-		t.Fatal("the lab produced no stall: nothing to attribute")
-	}
-	tr.checkStalls(t, correlate.CauseInsertRace)
-	for _, inc := range tr.byCause(correlate.CauseInsertRace) {
-		if inc.Race == nil || *inc.Race != correlate.RaceReplyClash {
-			t.Errorf("incident %d: race %v, want reply_clash", inc.ID, inc.Race)
-		}
-	}
-	if tr.nat.Attributed.InsertFailed != tr.nat.Kernel.InsertFailed || tr.nat.Kernel.InsertFailed == 0 {
-		t.Errorf("attributed insert_failed %d, kernel %d", tr.nat.Attributed.InsertFailed, tr.nat.Kernel.InsertFailed)
-	}
+	tr.checkInsertRaces(t)
 }
 
 func TestTraceSameTuple(t *testing.T) {
 	tr := traceScenario(t, "same-tuple")
-	got := tr.count(correlate.CauseClashResolved)
-	if uint64(got) != tr.nat.Kernel.ClashResolve || got == 0 {
-		t.Errorf("%d clash_resolved incidents, kernel clash_resolve %d", got, tr.nat.Kernel.ClashResolve)
-	}
-	if tr.nat.Attributed.ClashResolve != tr.nat.Kernel.ClashResolve {
-		t.Errorf("attributed clash_resolve %d, kernel %d", tr.nat.Attributed.ClashResolve, tr.nat.Kernel.ClashResolve)
-	}
-	if n := len(tr.byCause(correlate.CauseInsertRace)); n != 0 {
-		t.Errorf("%d insert_race incidents, want 0", n)
-	}
+	tr.checkRescued(t)
 }
 
 func TestTraceRuleDrop(t *testing.T) {
@@ -255,16 +235,46 @@ func TestTraceUpstreamLoss(t *testing.T) {
 	tr.checkStalls(t, correlate.CauseNoReply)
 }
 
-// checkReplyClashes: every insert_race incident lost a reply-tuple race and
-// names the flow that won it.
-func (tr *traced) checkReplyClashes(t *testing.T) {
+// checkInsertRaces: the scenario stalled lookups; every stall is a
+// reply-tuple race that names the flow that won it, and every packet the
+// kernel refused (insert_failed, drop) is attributed.
+func (tr *traced) checkInsertRaces(t *testing.T) {
 	t.Helper()
+	if tr.rep.Stalls == 0 {
+		t.Fatal("the lab produced no stall: nothing to attribute")
+	}
+	tr.checkStalls(t, correlate.CauseInsertRace)
 	for _, inc := range tr.byCause(correlate.CauseInsertRace) {
 		if inc.Race == nil || *inc.Race != correlate.RaceReplyClash {
 			t.Errorf("incident %d: race %v, want reply_clash", inc.ID, inc.Race)
 		}
 		if inc.Winner == nil {
 			t.Errorf("incident %d: no winner", inc.ID)
+		}
+	}
+	if tr.nat.Attributed.InsertFailed != tr.nat.Kernel.InsertFailed || tr.nat.Kernel.InsertFailed == 0 {
+		t.Errorf("attributed insert_failed %d, kernel %d", tr.nat.Attributed.InsertFailed, tr.nat.Kernel.InsertFailed)
+	}
+	if tr.nat.Attributed.Drop != tr.nat.Kernel.Drop {
+		t.Errorf("attributed drop %d, kernel %d", tr.nat.Attributed.Drop, tr.nat.Kernel.Drop)
+	}
+}
+
+// checkRescued: every clash the kernel resolved in the NAT namespaces is
+// one clash_resolved incident; no answer was lost (the lab checks it), so
+// any other incident is one the tracer made up.
+func (tr *traced) checkRescued(t *testing.T) {
+	t.Helper()
+	got := tr.count(correlate.CauseClashResolved)
+	if uint64(got) != tr.nat.Kernel.ClashResolve || got == 0 {
+		t.Errorf("%d clash_resolved incidents, kernel clash_resolve %d", got, tr.nat.Kernel.ClashResolve)
+	}
+	if tr.nat.Attributed.ClashResolve != tr.nat.Kernel.ClashResolve {
+		t.Errorf("attributed clash_resolve %d, kernel %d", tr.nat.Attributed.ClashResolve, tr.nat.Kernel.ClashResolve)
+	}
+	for _, c := range correlate.Causes {
+		if n := tr.count(c); c != correlate.CauseClashResolved && n > 0 && tr.rep.AnswersLost == 0 {
+			t.Errorf("%d incidents of cause %s, but no answer was lost\n%s", n, c, tr.text)
 		}
 	}
 }
@@ -274,39 +284,14 @@ func (tr *traced) checkReplyClashes(t *testing.T) {
 // is still a reply-tuple race with its winner, and every drop is
 // attributed.
 func TestTraceTargetPort(t *testing.T) {
-	tr := traceScenario(t, "target-port")
-	if tr.rep.Stalls == 0 {
-		t.Fatal("the lab produced no stall: nothing to attribute")
-	}
-	tr.checkStalls(t, correlate.CauseInsertRace)
-	tr.checkReplyClashes(t)
-	if tr.nat.Attributed.InsertFailed != tr.nat.Kernel.InsertFailed || tr.nat.Kernel.InsertFailed == 0 {
-		t.Errorf("attributed insert_failed %d, kernel %d", tr.nat.Attributed.InsertFailed, tr.nat.Kernel.InsertFailed)
-	}
-	if tr.nat.Attributed.Drop != tr.nat.Kernel.Drop {
-		t.Errorf("attributed drop %d, kernel %d", tr.nat.Attributed.Drop, tr.nat.Kernel.Drop)
-	}
+	traceScenario(t, "target-port").checkInsertRaces(t)
 }
 
 // TestTraceLocalOut: the same-tuple race in the sender's own namespace
 // (DNAT on OUTPUT, as for a host-network pod). Every clash the kernel
 // resolved there is one clash_resolved incident.
 func TestTraceLocalOut(t *testing.T) {
-	tr := traceScenario(t, "local-out")
-	got := tr.count(correlate.CauseClashResolved)
-	if uint64(got) != tr.nat.Kernel.ClashResolve || got == 0 {
-		t.Errorf("%d clash_resolved incidents, kernel clash_resolve %d in the pods' netns", got, tr.nat.Kernel.ClashResolve)
-	}
-	if tr.nat.Attributed.ClashResolve != tr.nat.Kernel.ClashResolve {
-		t.Errorf("attributed clash_resolve %d, kernel %d", tr.nat.Attributed.ClashResolve, tr.nat.Kernel.ClashResolve)
-	}
-	// No answer was lost (the lab checks it): any other incident is one
-	// the tracer made up.
-	for _, c := range correlate.Causes {
-		if n := tr.count(c); c != correlate.CauseClashResolved && n > 0 && tr.rep.AnswersLost == 0 {
-			t.Errorf("%d incidents of cause %s, but no answer was lost\n%s", n, c, tr.text)
-		}
-	}
+	traceScenario(t, "local-out").checkRescued(t)
 }
 
 // TestTraceLocalOutSNAT: SNAT to a narrow range in the senders' own
@@ -314,13 +299,5 @@ func TestTraceLocalOut(t *testing.T) {
 // resolver ignores and waits out. Every stall and every insert_failed is
 // attributed, in the pod where it happened.
 func TestTraceLocalOutSNAT(t *testing.T) {
-	tr := traceScenario(t, "local-out-snat")
-	if tr.rep.Stalls == 0 {
-		t.Fatal("the lab produced no stall: nothing to attribute")
-	}
-	tr.checkStalls(t, correlate.CauseInsertRace)
-	tr.checkReplyClashes(t)
-	if tr.nat.Attributed.InsertFailed != tr.nat.Kernel.InsertFailed || tr.nat.Kernel.InsertFailed == 0 {
-		t.Errorf("attributed insert_failed %d, kernel %d", tr.nat.Attributed.InsertFailed, tr.nat.Kernel.InsertFailed)
-	}
+	traceScenario(t, "local-out-snat").checkInsertRaces(t)
 }
