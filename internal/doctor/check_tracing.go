@@ -223,8 +223,8 @@ func checkTracing(_ context.Context, e *env) Result {
 			Reason: fmt.Sprintf("the tier needs a live trial load (BTF present, kprobes %s): rerun with --live on the node", kprobes)}
 	default:
 		r.Verdict = Warn
-		r.Summary = fmt.Sprintf("dnsrace trace runs in the tracepoint tier only (fentry refused, kprobes %s): drops seen at skb:kfree_skb, race class from per-CPU counters", kprobes)
-		r.Fix = "for per-packet clash attribution run on a kernel that loads fentry programs (BPF LSM and lockdown permitting) or has CONFIG_KPROBES=y; the tracepoint tier still counts every loss"
+		r.Summary = fmt.Sprintf("dnsrace trace runs in the tracepoint tier only (fentry refused, kprobes %s): queries followed on every device, winners named from the entries seen confirmed, merged losers from freed entries; it costs more per packet than the function tiers", kprobes)
+		r.Fix = "for confirm's own verdicts and no per-packet device hooks run on a kernel that loads fentry programs (BPF LSM and lockdown permitting) or has CONFIG_KPROBES=y; the tracepoint tier still explains and counts every loss"
 	}
 	return r
 }
