@@ -62,12 +62,14 @@ func runBench(ctx context.Context, args []string) error {
 		skipCap    = fs.Bool("skip-capacity", false, "leave out the capacity search")
 		ring       = fs.Uint32("ring-buffer-size", 0, "the tracer's ring buffer size in bytes (default: the tracer's)")
 		attach     = fs.String("attach", "tracepoint", "the tracer's attach tier: auto, fentry, kprobe or tracepoint")
+		tracerArgs = fs.StringArray("tracer-arg", nil, "one more argument for the tracer (repeatable; e.g. --tracer-arg=--cpuprofile=/tmp/p)")
 		smoke      = fs.Bool("smoke", false, "short CI run (~30s): checks the harness and that no record is lost in the forwarded floods and at 2,000 queries/s; exit 1 otherwise")
 		jsonOut    = fs.Bool("json", false, "write one JSON document")
 		memory     = fs.Bool("memory", false, "measure the correlator's memory with --queries unanswered queries in flight (no root, no lab)")
 		queries    = fs.Int("queries", 1_000_000, "unanswered queries fed by --memory")
 		maxQueries = fs.Int("max-queries", 0, "--memory: the correlator's cap on queries in flight (default: its default)")
 	)
+	_ = fs.MarkHidden("tracer-arg")
 	if err := fs.Parse(args); err != nil {
 		if err == pflag.ErrHelp {
 			return nil
@@ -119,7 +121,7 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	cfg := perf.Config{
 		Exe: exe, Duration: *duration, Rounds: *rounds, Sockets: *sockets, Rates: *rates,
-		Cases: *cases, SkipCost: *skipCost, SkipCapacity: *skipCap, RingBufferSize: *ring, Attach: *attach, Log: os.Stderr,
+		Cases: *cases, SkipCost: *skipCost, SkipCapacity: *skipCap, RingBufferSize: *ring, Attach: *attach, TracerArgs: *tracerArgs, Log: os.Stderr,
 	}
 	if *smoke {
 		cfg.Duration, cfg.Rounds, cfg.Rates = 2*time.Second, 1, []int{2000}

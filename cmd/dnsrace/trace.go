@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -89,6 +90,7 @@ type traceFlags struct {
 	outMax       byteSize
 	progress     string
 	showResolved bool
+	cpuProfile   string
 }
 
 func (f *traceFlags) register(fs *pflag.FlagSet) {
@@ -111,6 +113,8 @@ func (f *traceFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.outFile, "output-file", "", "write incidents and the summary to this file instead of stdout")
 	fs.Var(&f.outMax, "output-max-size", "rotate --output-file once to FILE.1 when it would grow past this size (e.g. 100M; 0: no limit)")
 	fs.StringVar(&f.progress, "progress", "auto", "progress line on stderr: auto (when stderr is a terminal), always or never")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the tracer to this file (for tuning)")
+	_ = fs.MarkHidden("cpuprofile")
 	fs.BoolVar(&f.showResolved, "show-resolved", false, "list every race the kernel rescued (text output; by default they are summed up per pod every 10 s)")
 }
 
@@ -315,6 +319,16 @@ func runTrace(ctx context.Context, args []string) error {
 		}
 	}
 
+	if f.cpuProfile != "" {
+		pf, err := os.Create(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); pf.Close() }()
+	}
 	var sess atomic.Pointer[trace.Session]
 	var m *metrics.Metrics
 	if f.metrics != "" {

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/dnsrace/dnsrace/internal/ctstats"
 	"github.com/dnsrace/dnsrace/internal/event"
 )
 
@@ -104,6 +105,8 @@ type Correlator struct {
 
 	drops []pendingDrop
 	opens map[*open]bool // stalls in progress
+	// kernelNow: the kernel's counters read for this batch of drops
+	kernelNow map[uint32]ctstats.Counters
 	// counted: losers already counted as rescued (-> when).
 	counted map[lossKey]uint64
 	attrib  map[uint32]*Attributed
@@ -122,7 +125,7 @@ type Correlator struct {
 func New(cfg Config) *Correlator {
 	cfg.defaults()
 	return &Correlator{cfg: cfg, seed: maphash.MakeSeed(), ix: newIndex(),
-		opens: map[*open]bool{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: map[uint64]string{}}
+		opens: map[*open]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: map[uint64]string{}}
 }
 
 // Stats are the correlator's own counts.
@@ -344,6 +347,7 @@ func (c *Correlator) classifyDue(now uint64, force bool) {
 		return
 	}
 	sort.SliceStable(due, func(i, j int) bool { return c.direct(&due[i]) && !c.direct(&due[j]) })
+	clear(c.kernelNow)
 	for i := range due {
 		c.classify(&due[i])
 	}
@@ -360,14 +364,19 @@ func (c *Correlator) direct(d *pendingDrop) bool {
 }
 
 // budget returns how many more packets of a kind the kernel counted in ns
-// than dnsrace explained so far.
+// than dnsrace explained so far. The kernel's counters are read once per
+// namespace per batch of drops (a netlink round trip each): a flood of
+// drops must not cost one read each.
 func (c *Correlator) budget(ns uint32) (insertFailed, drop int64) {
 	if c.cfg.Counters == nil {
 		return 0, 0
 	}
-	d, ok := c.cfg.Counters.Delta(ns)
+	d, ok := c.kernelNow[ns]
 	if !ok {
-		return 0, 0
+		if d, ok = c.cfg.Counters.Delta(ns); !ok {
+			return 0, 0
+		}
+		c.kernelNow[ns] = d
 	}
 	a := c.attributed(ns)
 	return int64(d.InsertFailed) - int64(a.InsertFailed), int64(d.Drop) - int64(a.Drop)
@@ -391,7 +400,9 @@ func (c *Correlator) classify(d *pendingDrop) {
 	reason, loc := c.cfg.ReasonName(d.reason), c.cfg.Location(d.location)
 	ev := dropEvidence{reason: reason, location: symbolOf(loc), ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(),
 		confirmDrop: x.confirmDrop, winner: winner.Ptr != 0}
-	ev.insertBudget, ev.dropBudget = c.budget(d.netns)
+	if ev.netfilter() {
+		ev.insertBudget, ev.dropBudget = c.budget(d.netns)
+	}
 	rule := classifyDrop(&ev)
 	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs, Cause: rule.cause,
 		Reason: reason, Location: loc, NetNS: d.netns}

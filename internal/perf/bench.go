@@ -61,6 +61,8 @@ type Config struct {
 	// Attach is the tracer's --attach (default tracepoint, the tier every
 	// kernel has).
 	Attach string
+	// TracerArgs are more arguments for the tracer.
+	TracerArgs []string
 	// Log receives progress lines (nil: discarded).
 	Log io.Writer
 }
@@ -274,7 +276,7 @@ func (h *harness) tracerArgs() []string {
 	if h.cfg.RingBufferSize > 0 {
 		a = append(a, fmt.Sprintf("--ring-buffer-size=%d", h.cfg.RingBufferSize))
 	}
-	return a
+	return append(a, h.cfg.TracerArgs...)
 }
 
 // sinkFor starts the sink of a case and returns it with the flood that
