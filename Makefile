@@ -12,7 +12,7 @@ TEST_TIMEOUT ?= 20m
 include mk/bpf.mk
 include mk/vmtest.mk
 
-.PHONY: help build deps demo test test-unit test-host bench-smoke lint vagrant-check clean
+.PHONY: help build deps demo test test-unit test-host test-rules bench-smoke lint vagrant-check clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -39,10 +39,14 @@ test-host: ## The whole suite on this kernel (root: namespaces, netfilter, BPF)
 bench-smoke: build ## Short benchmark run: checks the harness works and loses no events
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./internal/... && ./dnsrace bench --smoke
 
+test-rules: ## Check the Prometheus rules and run their promtool unit tests
+	promtool check rules scripts/prometheus-rules.yaml
+	promtool test rules scripts/prometheus-rules.test.yaml
+
 vagrant-check: ## Syntax-check the Vagrantfile
 	ruby -c Vagrantfile
 
-test: deps lint generate-check vagrant-check test-host vmtest-selftest vmtest bench-smoke ## Everything CI runs (root)
+test: deps lint generate-check vagrant-check test-rules test-host vmtest-selftest vmtest bench-smoke ## Everything CI runs (root)
 
 clean: ## Remove build outputs
 	rm -f dnsrace

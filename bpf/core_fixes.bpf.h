@@ -1,5 +1,5 @@
 /* CO-RE flavours for kernel layouts that changed across the versions dnsrace
- * supports (6.1 and later are tested; the comments say when each changed).
+ * supports (5.10 and later are tested; the comments say when each changed).
  * A flavour is a struct named <real>___<suffix>: libbpf and cilium/ebpf
  * relocate it against <real> in the running kernel's BTF, and
  * bpf_core_field_exists() tells which flavour applies.
@@ -20,8 +20,17 @@ struct iov_iter___v64 {
 } __attribute__((preserve_access_index));
 
 /* struct iov_iter: commit 8cd54c1c8480 ("iov_iter: separate direction from
- * flavour", v5.14) replaced "unsigned int type" with "u8 iter_type". Kernels
- * without iter_type are not supported for payload capture at send: the event
- * still carries the socket tuple, with dns_len 0. */
+ * flavour", v5.14) replaced "unsigned int type" (the flavour bit ORed with
+ * the direction) with "u8 iter_type". Before it, ITER_IOVEC was a bit (4). */
+struct iov_iter___pre514 {
+	unsigned int type;
+	size_t iov_offset;
+	size_t count;
+	const struct iovec *iov;
+} __attribute__((preserve_access_index));
+
+/* skb:kfree_skb and kmem:kmem_cache_free changed their arguments; tp_btf
+ * programs are chosen by the loader per prototype (internal/probe/hooks.go),
+ * so no flavour is needed here. */
 
 #endif /* DNSRACE_CORE_FIXES_H */

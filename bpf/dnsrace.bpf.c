@@ -1,11 +1,24 @@
 //go:build ignore
 
-/* dnsrace kernel side: one raw struct event per hook hit on a DNS packet.
+/* dnsrace kernel side: the kernel owns every DNS flow.
  *
- * Every program filters first: a packet that is not UDP to or from
- * cfg.port leaves after reading the IP and UDP headers, before any map or
- * ring buffer access. Programs come in three tiers (tp_btf, kprobe, fentry);
- * the loader (internal/probe) picks one per hook and only loads those.
+ * A DNS query is recognised by port only at first sight: its send
+ * (fentry/kprobe tiers) or the first device or drop hook that sees it
+ * (tracepoint tier). From then on it is a flow in the `flows` map, keyed by
+ * the asking socket's 5-tuple and the DNS id, and every later hook finds it
+ * through the packet's conntrack *original* tuple (which NAT never
+ * rewrites), never by the rewritten header. Its answer is found in the
+ * `answers` map by the tuple it will carry where it reaches the asking
+ * namespace. User space gets a QUERY record at first sight, an ANSWER
+ * record when the answer arrives, and an EVENT record only when something
+ * happens that it must explain (a drop, a confirm verdict, a clash, a freed
+ * unconfirmed entry). Hops that change nothing send nothing.
+ *
+ * Two modes, chosen by the loader (cfg is read-only, so the verifier prunes
+ * the other): with the conntrack confirm and clash hooks (fentry or kprobe)
+ * the verdicts say what happened; in the tracepoint tier the device hooks
+ * watch entries get confirmed and keep per-namespace maps of confirmed
+ * entries by tuple, which name the winner of a race at the loser's drop.
  */
 #include "vmlinux.h"
 #include "bpf_helpers.h"
@@ -23,29 +36,189 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define AF_INET 2
 #define AF_INET6 10
 #define NFCT_PTRMASK (~7UL)
+#define NFCT_INFOMASK 7
+#define IP_CT_IS_REPLY 3
+#define IPS_CONFIRMED (1 << 3)
+/* kernel-only alias of IPS_UNTRACKED: nf_ct_resolve_clash_harder's loser
+ * inserted reply-only (6a757c07e51f, v5.6) */
+#define IPS_NAT_CLASH (1 << 12)
+#define NF_DROP 0
 #define CONFIRM_DEPTH 4
+/* A packet crosses a node in far less; a later query with the same socket
+ * and DNS id is a resend (glibc 5 s, musl 2.5 s). */
+#define RESEND_GAP_NS (400ULL * 1000 * 1000)
 
 /* Emit the types bpf2go generates Go code for (-type). */
-const struct event *unused_event __attribute__((unused));
-const enum kind *unused_kind __attribute__((unused));
+const struct rec_hdr *unused_hdr __attribute__((unused));
+const struct rec_query *unused_query __attribute__((unused));
+const struct rec_answer *unused_answer __attribute__((unused));
+const struct rec_event *unused_event __attribute__((unused));
+const enum rec_type *unused_rec_type __attribute__((unused));
+const enum ev_kind *unused_ev_kind __attribute__((unused));
 const enum tier *unused_tier __attribute__((unused));
+const enum rec_flags *unused_rec_flags __attribute__((unused));
+const enum dnsrace_stat *unused_stat __attribute__((unused));
 
 volatile const struct config cfg = {
-	.port = 53,
+	.ports = {53},
+	.wakeup_bytes = 1 << 20,
 };
+
+/* Set by the loader: the tracepoint tier watches entries get confirmed on
+ * devices (the confirm hook is missing). */
+volatile const bool track_cts = false;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 22); /* the loader sets the real size */
 } events SEC(".maps");
 
-/* Ring buffer reserve failures, per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, __u64);
-} lost SEC(".maps");
+} qid_seq SEC(".maps");
+
+/* ---- flows ----------------------------------------------------------- */
+
+/* A query's identity: the asking socket's 5-tuple (original direction,
+ * what NAT never rewrites in the conntrack entry) and the DNS id, which a
+ * resolver keeps distinct for the queries it has in flight on one socket.
+ * saddr is zero when the socket had no source address at send (an
+ * unconnected socket): lookups retry with it zeroed. */
+struct flow_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u16 sport;
+	__u16 dport;
+	__u16 id;
+	__u8 family;
+	__u8 _pad;
+};
+
+struct flow {
+	__u64 qid;
+	__u64 ts;    /* last seen */
+	__u64 skb;   /* last skb that carried it */
+	__u32 netns; /* the asking namespace */
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 32768); /* the loader may resize */
+	__type(key, struct flow_key);
+	__type(value, struct flow);
+} flows SEC(".maps");
+
+/* Where an answer will be seen: the namespace and the tuple it carries
+ * there (the reversed socket tuple; or the entry's reply tuple where NAT
+ * ran in the asking namespace itself), and the DNS id. */
+struct ans_key {
+	__u32 netns;
+	struct flow_key k;
+};
+
+struct ans {
+	__u64 qid;
+	struct flow_key fk;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 32768);
+	__type(key, struct ans_key);
+	__type(value, struct ans);
+} answers SEC(".maps");
+
+/* ---- conntrack entries (tracepoint tier) ------------------------------ */
+
+enum ctmark_flags {
+	CTM_CONFIRMED = 1, /* seen confirmed: in ct_tuples */
+	CTM_NAT_CLASH = 2, /* reported as a NAT_CLASH loser */
+	CTM_DROPPED = 4,   /* its packet was dropped: its free is no rescue */
+};
+
+/* A mark holds the entry's original tuple too: the slab hands a freed
+ * entry's address to the next entry at once, and a mark left by the old one
+ * must not speak for the new one. */
+struct ctmark {
+	__u64 qid;
+	__u32 flags;
+	__u32 _pad;
+	struct tuple orig;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct ctmark);
+} cts SEC(".maps");
+
+/* Confirmed DNS entries by (namespace, direction, tuple): the entry that
+ * holds a tuple is the winner of a race for it. */
+struct ct_tuple_key {
+	__u32 netns;
+	__u32 dir; /* 0 original, 1 reply */
+	struct tuple t;
+};
+
+struct ct_ref {
+	__u64 ct;
+	__u64 qid;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 32768);
+	__type(key, struct ct_tuple_key);
+	__type(value, struct ct_ref);
+} ct_tuples SEC(".maps");
+
+/* Losers dropped before their winner reached a device, by the tuple the
+ * winner will hold. */
+struct awaited {
+	__u64 qid; /* the loser's */
+	__u64 ts;  /* when it was dropped */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct ct_tuple_key);
+	__type(value, struct awaited);
+} unresolved SEC(".maps");
+
+/* A winner confirmed this long after its loser's drop is another flow
+ * that got the same tuple later. */
+#define AWAIT_NS (1000ULL * 1000 * 1000)
+
+/* Namespaces where a DNS entry was seen, so each is announced once. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} ct_netns SEC(".maps");
+
+/* Source ports of answers that reach an asking namespace before its own
+ * NAT reverses them (DNAT in the sender's namespace to a backend on another
+ * port): the receive hook looks those up too. One bit per port. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u64);
+} reply_ports SEC(".maps");
 
 /* Address of the nf_conntrack kmem_cache once kmem_cache_free saw it. */
 struct {
@@ -55,17 +228,28 @@ struct {
 	__type(value, __u64);
 } ct_cachep SEC(".maps");
 
-/* fentry tier: the event built at fentry/__nf_conntrack_confirm, keyed by
- * skb address, completed at fexit (which sees the same skb argument). */
+/* ---- confirm (fentry/kprobe tiers) ------------------------------------ */
+
+/* What confirm's entry knew, for its exit: the loser's entry is read at
+ * entry, because after a merge it may already be freed and reused. */
+struct pending_confirm {
+	__u64 qid;
+	__u32 netns;
+	__u32 _pad;
+	struct tuple pkt;
+	struct ct ct;
+};
+
+/* fentry: keyed by skb, completed at fexit (same skb argument). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u64);
-	__type(value, struct event);
+	__type(value, struct pending_confirm);
 } confirm_entry SEC(".maps");
 
-/* kprobe tier: a kretprobe does not see the skb argument, so the entry keeps
- * a small per-CPU stack of pending calls. Calls on one CPU return in LIFO
+/* kprobe: a kretprobe does not see the skb argument, so the entry keeps a
+ * small per-CPU stack of pending calls. Calls on one CPU return in LIFO
  * order (a softirq confirm can nest inside a process-context one); every
  * entry pushes, even for non-DNS packets (valid = 0), so returns stay
  * paired. */
@@ -73,7 +257,7 @@ struct confirm_slot {
 	__u64 skb;
 	__u32 valid;
 	__u32 _pad;
-	struct event ev;
+	struct pending_confirm pc;
 };
 
 struct confirm_stack {
@@ -89,14 +273,105 @@ struct {
 	__type(value, struct confirm_stack);
 } confirm_stack SEC(".maps");
 
-/* Scratch for building an event outside the ring buffer (the stack is too
- * small for it). */
+/* The winner nf_ct_resolve_clash saw, for the confirm it runs inside (same
+ * CPU, same skb). */
+struct clash_slot {
+	__u64 skb;
+	struct ct winner;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct event);
-} scratch SEC(".maps");
+	__type(value, struct clash_slot);
+} clash_slot SEC(".maps");
+
+/* ---- records ---------------------------------------------------------- */
+
+struct query_buf {
+	struct rec_query r;
+	__u8 dns[DNS_ROOM];
+};
+
+struct event_buf {
+	struct rec_event r;
+	__u8 dns[DNS_ROOM];
+};
+
+/* Records are built here (too big for the stack), then copied out with
+ * bpf_ringbuf_output, which takes a variable length. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct query_buf);
+} query_scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct event_buf);
+} event_scratch SEC(".maps");
+
+static __always_inline void stat_inc(__u32 i)
+{
+	__u64 *n = bpf_map_lookup_elem(&stats, &i);
+	if (n)
+		*n += 1; /* per-CPU slot: no atomics needed */
+}
+
+/* output sends one record. The reader is woken only once a good part of
+ * the ring is queued; otherwise it drains the ring on its own deadline, so
+ * a busy node does not pay a wakeup per record. */
+static __always_inline void output(void *rec, __u64 size)
+{
+	__u64 flags = BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= cfg.wakeup_bytes)
+		flags = BPF_RB_FORCE_WAKEUP;
+	if (bpf_ringbuf_output(&events, rec, size, flags))
+		stat_inc(STAT_RING_LOST);
+}
+
+static __always_inline __u64 new_qid(void)
+{
+	__u32 zero = 0;
+	__u64 *seq = bpf_map_lookup_elem(&qid_seq, &zero);
+	if (!seq)
+		return 0;
+	*seq += 1;
+	return ((__u64)bpf_get_smp_processor_id() << 48) | (*seq & 0xffffffffffffULL);
+}
+
+static __always_inline void fill_hdr(struct rec_hdr *h, __u8 type, __u8 tier, __u64 qid, __u32 netns)
+{
+	h->ts = bpf_ktime_get_ns();
+	h->qid = qid;
+	h->netns = netns;
+	h->cpu = bpf_get_smp_processor_id();
+	h->type = type;
+	h->tier = tier;
+}
+
+/* ---- packets ---------------------------------------------------------- */
+
+static __always_inline bool port_in(__u16 port)
+{
+#pragma unroll
+	for (int i = 0; i < MAX_PORTS; i++) {
+		if (cfg.ports[i] == 0)
+			return false;
+		if (cfg.ports[i] == port)
+			return true;
+	}
+	return false;
+}
+
+static __always_inline bool dns_ports(const struct tuple *t)
+{
+	return port_in(t->sport) || port_in(t->dport);
+}
 
 /* What the header parse of an skb found. */
 struct pkt {
@@ -105,32 +380,6 @@ struct pkt {
 	__u32 payload_len;
 };
 
-static __always_inline void count_lost(void)
-{
-	__u32 zero = 0;
-	__u64 *n = bpf_map_lookup_elem(&lost, &zero);
-	if (n)
-		*n += 1; /* per-CPU slot: no atomics needed */
-}
-
-static __always_inline bool port_match(__u16 sport, __u16 dport)
-{
-	return sport == cfg.port || dport == cfg.port;
-}
-
-/* parse_skb reads the IPv4/IPv6 and UDP headers at skb->head +
- * network_header. The UDP header is located from the IP header length, not
- * transport_header, which is not set yet at netif_receive_skb. IPv6
- * extension headers are not followed (DNS does not use them). Returns false
- * for anything that is not a first-fragment UDP packet to or from cfg.port.
- *
- * This is the early exit of every packet the system sends or receives, so
- * it is kept short: with btf (tp_btf programs, where skb is a typed BTF
- * pointer) the sk_buff fields are direct loads instead of helper calls,
- * and the IP and UDP headers come in one read (a second one only for IPv4
- * options). Measured per call on 6.18 (bpf_stats, non-DNS UDP):
- * net_dev_queue 128 ns and netif_receive_skb 116 ns with five helper reads
- * (docs/performance.md). */
 struct ip4udp {
 	struct iphdr ip;
 	struct udphdr udp;
@@ -141,7 +390,18 @@ struct ip6udp {
 	struct udphdr udp;
 };
 
-static __always_inline bool parse_skb_tier(struct sk_buff *skb, struct pkt *p, bool btf)
+/* parse_skb reads the IPv4/IPv6 and UDP headers at skb->head +
+ * network_header. The UDP header is located from the IP header length, not
+ * transport_header, which is not set yet at netif_receive_skb. IPv6
+ * extension headers are not followed (DNS does not use them). Returns false
+ * for anything that is not a first-fragment UDP packet.
+ *
+ * This is the early exit of every packet the system sends or receives, so
+ * it is kept short: with btf (tp_btf programs, where skb is a typed BTF
+ * pointer) the sk_buff fields are direct loads instead of helper calls, and
+ * the IP and UDP headers come in one read (a second one only for IPv4
+ * options). */
+static __always_inline bool parse_skb(struct sk_buff *skb, struct pkt *p, bool btf)
 {
 	__u16 proto;
 	unsigned char *head;
@@ -175,10 +435,6 @@ static __always_inline bool parse_skb_tier(struct sk_buff *skb, struct pkt *p, b
 		uh = h.udp;
 		if (h.ip.ihl != 5 && bpf_probe_read_kernel(&uh, sizeof(uh), l4))
 			return false;
-		p->t.sport = bpf_ntohs(uh.source);
-		p->t.dport = bpf_ntohs(uh.dest);
-		if (!port_match(p->t.sport, p->t.dport))
-			return false;
 		__builtin_memcpy(p->t.saddr, &h.ip.saddr, 4);
 		__builtin_memcpy(p->t.daddr, &h.ip.daddr, 4);
 		p->t.family = 4;
@@ -190,14 +446,12 @@ static __always_inline bool parse_skb_tier(struct sk_buff *skb, struct pkt *p, b
 			return false;
 		l4 = ip + sizeof(h.ip);
 		uh = h.udp;
-		p->t.sport = bpf_ntohs(uh.source);
-		p->t.dport = bpf_ntohs(uh.dest);
-		if (!port_match(p->t.sport, p->t.dport))
-			return false;
 		__builtin_memcpy(p->t.saddr, &h.ip.saddr, 16);
 		__builtin_memcpy(p->t.daddr, &h.ip.daddr, 16);
 		p->t.family = 6;
 	}
+	p->t.sport = bpf_ntohs(uh.source);
+	p->t.dport = bpf_ntohs(uh.dest);
 	p->t.proto = IPPROTO_UDP;
 
 	/* Payload: the UDP length, cut at the end of the linear data (DNS
@@ -205,7 +459,7 @@ static __always_inline bool parse_skb_tier(struct sk_buff *skb, struct pkt *p, b
 	__u32 len = bpf_ntohs(uh.len);
 	len = len > sizeof(uh) ? len - sizeof(uh) : 0;
 	unsigned char *payload = l4 + sizeof(uh);
-	__u32 tail = BPF_CORE_READ(skb, tail); /* offset from head on 64-bit */
+	__u32 tail = btf ? skb->tail : BPF_CORE_READ(skb, tail); /* offset from head on 64-bit */
 	unsigned char *end = head + tail;
 	if (payload >= end)
 		len = 0;
@@ -216,17 +470,13 @@ static __always_inline bool parse_skb_tier(struct sk_buff *skb, struct pkt *p, b
 	return true;
 }
 
-/* parse_skb: the helper-read variant (kprobe and fentry callers). */
-static __always_inline bool parse_skb(struct sk_buff *skb, struct pkt *p)
-{
-	return parse_skb_tier(skb, p, false);
-}
-
-static __always_inline __u32 skb_netns(struct sk_buff *skb)
+static __always_inline __u32 skb_netns(struct sk_buff *skb, struct sock *sk)
 {
 	__u32 inum = BPF_CORE_READ(skb, dev, nd_net.net, ns.inum);
 	if (!inum)
 		inum = BPF_CORE_READ(skb, sk, __sk_common.skc_net.net, ns.inum);
+	if (!inum && sk)
+		inum = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
 	return inum;
 }
 
@@ -235,15 +485,28 @@ static __always_inline bool netns_match(__u32 inum)
 	return cfg.netns == 0 || cfg.netns == inum;
 }
 
-static __always_inline void read_tuple(struct tuple *t, struct nf_conntrack_tuple *kt)
+/* nf_conntrack_tuple has kept its layout since long before 5.10: one read
+ * of the whole tuple, relocated at the tuplehash it lives in. */
+static __always_inline void read_tuple(struct tuple *t, struct nf_conn *ct, int dir)
 {
-	__u16 l3 = BPF_CORE_READ(kt, src.l3num);
+	struct nf_conntrack_tuple kt;
+	/* constant indexes: CO-RE relocates each access on its own */
+	void *src = dir ? (void *)&ct->tuplehash[1].tuple : (void *)&ct->tuplehash[0].tuple;
+	if (bpf_probe_read_kernel(&kt, sizeof(kt), src)) {
+		t->family = 0;
+		return;
+	}
+	__u16 l3 = kt.src.l3num;
 	t->family = l3 == AF_INET ? 4 : (l3 == AF_INET6 ? 6 : 0);
-	t->proto = BPF_CORE_READ(kt, dst.protonum);
-	bpf_core_read(t->saddr, sizeof(t->saddr), &kt->src.u3);
-	bpf_core_read(t->daddr, sizeof(t->daddr), &kt->dst.u3);
-	t->sport = bpf_ntohs(BPF_CORE_READ(kt, src.u.all));
-	t->dport = bpf_ntohs(BPF_CORE_READ(kt, dst.u.all));
+	t->proto = kt.dst.protonum;
+	__builtin_memcpy(t->saddr, &kt.src.u3, 16);
+	__builtin_memcpy(t->daddr, &kt.dst.u3, 16);
+	if (t->family == 4) {
+		__builtin_memset(t->saddr + 4, 0, 12);
+		__builtin_memset(t->daddr + 4, 0, 12);
+	}
+	t->sport = bpf_ntohs(kt.src.u.all);
+	t->dport = bpf_ntohs(kt.dst.u.all);
 }
 
 static __always_inline void read_ct(struct ct *c, struct nf_conn *ct)
@@ -252,158 +515,533 @@ static __always_inline void read_ct(struct ct *c, struct nf_conn *ct)
 	if (!ct)
 		return;
 	c->status = BPF_CORE_READ(ct, status);
-	read_tuple(&c->orig, &ct->tuplehash[0].tuple);
-	read_tuple(&c->reply, &ct->tuplehash[1].tuple);
+	read_tuple(&c->orig, ct, 0);
+	read_tuple(&c->reply, ct, 1);
 }
 
-static __always_inline struct nf_conn *skb_ct(struct sk_buff *skb)
+static __always_inline struct nf_conn *skb_ct(struct sk_buff *skb, bool btf, __u8 *ctinfo)
 {
 	if (!bpf_core_field_exists(skb->_nfct))
 		return NULL;
-	return (struct nf_conn *)(BPF_CORE_READ(skb, _nfct) & NFCT_PTRMASK);
+	__u64 nfct = btf ? skb->_nfct : BPF_CORE_READ(skb, _nfct);
+	*ctinfo = nfct & NFCT_INFOMASK;
+	return (struct nf_conn *)(nfct & NFCT_PTRMASK);
 }
 
-static __always_inline void copy_payload_kernel(struct event *e, const struct pkt *p)
+/* A DNS packet at a packet hook. */
+struct seen {
+	struct pkt p;
+	struct nf_conn *ct; /* its conntrack entry, or NULL */
+	struct tuple orig;  /* the entry's original tuple */
+	__u32 netns;
+	__u16 id;
+	__u16 flags;  /* DNS header flags */
+	__u8 ctinfo;
+	bool response;
+};
+
+static __always_inline bool read_dns_hdr(struct seen *s)
 {
-	__u32 n = p->payload_len;
-	if (n > DNS_CAP)
-		n = DNS_CAP;
-	e->dns_len = n;
-	bpf_probe_read_kernel(e->dns, n & 0x1ff, (void *)p->payload);
+	__u16 h[2];
+	if (s->p.payload_len < 12 || bpf_probe_read_kernel(h, sizeof(h), (void *)s->p.payload))
+		return false;
+	s->id = bpf_ntohs(h[0]);
+	s->flags = bpf_ntohs(h[1]);
+	s->response = s->flags & 0x8000;
+	return true;
 }
 
-/* fill_common sets the fields every event has. The ring buffer memory is
- * not zeroed, so it clears the rest explicitly. */
-static __always_inline void fill_common(struct event *e, __u8 kind, __u8 tier)
+/* dns_packet: is this a DNS packet by its first-sight tuple: the conntrack
+ * original tuple when it has an entry (NAT may have rewritten the header),
+ * else its header? */
+static __always_inline bool dns_packet(struct sk_buff *skb, struct seen *s, bool btf)
 {
-	__builtin_memset(e, 0, sizeof(*e) - DNS_CAP);
-	e->ts = bpf_ktime_get_ns();
-	e->kind = kind;
-	e->tier = tier;
-	e->cpu = bpf_get_smp_processor_id();
-	e->verdict = -1;
-	e->pid = bpf_get_current_pid_tgid() >> 32;
-	e->cgroup = bpf_get_current_cgroup_id();
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
-}
-
-static __always_inline void fill_skb(struct event *e, struct sk_buff *skb, const struct pkt *p,
-				     __u32 netns)
-{
-	e->skb = (__u64)skb;
-	e->netns = netns;
-	e->ifindex = BPF_CORE_READ(skb, dev, ifindex);
-	if (!e->ifindex) /* dev cleared after receive: the arrival device */
-		e->ifindex = BPF_CORE_READ(skb, skb_iif);
-	e->pkt = p->t;
-	read_ct(&e->ct, skb_ct(skb));
-	copy_payload_kernel(e, p);
-}
-
-/* emit_skb is the whole body of the simple skb hooks. Returns 1 when the
- * skb was a DNS packet of the filtered netns (even if the ring buffer was
- * full), else 0. */
-static __always_inline int emit_skb_tier(struct sk_buff *skb, __u8 kind, __u64 location,
-					 __u32 reason, struct sock *rx_sk, __u8 tier)
-{
-	struct pkt p = {};
-	if (!parse_skb_tier(skb, &p, tier == TIER_TRACEPOINT))
-		return 0;
-	__u32 netns = skb_netns(skb);
-	if (!netns && rx_sk)
-		netns = BPF_CORE_READ(rx_sk, __sk_common.skc_net.net, ns.inum);
-	if (!netns_match(netns))
-		return 0;
-
-	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count_lost();
-		return 1;
+	if (!parse_skb(skb, &s->p, btf))
+		return false;
+	s->ct = skb_ct(skb, btf, &s->ctinfo);
+	if (s->ct) {
+		read_tuple(&s->orig, s->ct, 0);
+		if (s->orig.proto != IPPROTO_UDP || !dns_ports(&s->orig))
+			return false;
+	} else if (!dns_ports(&s->p.t)) {
+		return false;
 	}
-	fill_common(e, kind, tier);
-	fill_skb(e, skb, &p, netns);
-	e->location = location;
-	e->reason = reason;
-	bpf_ringbuf_submit(e, 0);
-	return 1;
+	return read_dns_hdr(s);
 }
 
-static __always_inline int emit_skb(struct sk_buff *skb, __u8 kind, __u64 location,
-				    __u32 reason, struct sock *rx_sk)
+static __always_inline void key_from(struct flow_key *k, const struct tuple *t, __u16 id)
 {
-	emit_skb_tier(skb, kind, location, reason, rx_sk, TIER_TRACEPOINT);
+	__builtin_memcpy(k->saddr, t->saddr, 16);
+	__builtin_memcpy(k->daddr, t->daddr, 16);
+	k->sport = t->sport;
+	k->dport = t->dport;
+	k->id = id;
+	k->family = t->family;
+	k->_pad = 0;
+}
+
+/* query_key: the flow key of a query packet: its entry's original tuple,
+ * else its header. */
+static __always_inline void query_key(struct flow_key *k, const struct seen *s)
+{
+	key_from(k, s->ct ? &s->orig : &s->p.t, s->id);
+}
+
+/* lookup_flow finds the flow of k, or of k without a source address (a
+ * socket that had none at send). */
+static __always_inline struct flow *lookup_flow(struct flow_key *k)
+{
+	struct flow *f = bpf_map_lookup_elem(&flows, k);
+	if (f)
+		return f;
+	struct flow_key z = *k;
+	__builtin_memset(z.saddr, 0, 16);
+	return bpf_map_lookup_elem(&flows, &z);
+}
+
+/* ---- QUERY, ANSWER ---------------------------------------------------- */
+
+/* emit_query sends the QUERY record of a new flow; the DNS message comes
+ * from kernel memory (an skb) or, for a send, from user memory. */
+static __always_inline void emit_query(__u64 qid, __u32 netns, const struct tuple *t, __u64 payload,
+				       __u32 len, bool user, __u8 tier, __u8 flags)
+{
+	__u32 zero = 0;
+	struct query_buf *b = bpf_map_lookup_elem(&query_scratch, &zero);
+	if (!b)
+		return;
+	fill_hdr(&b->r.h, REC_QUERY, tier, qid, netns);
+	b->r.cgroup = bpf_get_current_cgroup_id();
+	b->r.pid = bpf_get_current_pid_tgid() >> 32;
+	b->r.flags = flags;
+	b->r._pad = 0;
+	bpf_get_current_comm(b->r.comm, sizeof(b->r.comm));
+	b->r.t = *t;
+	if (len > DNS_CAP)
+		len = DNS_CAP;
+	len &= DNS_ROOM - 1;
+	if (user)
+		bpf_probe_read_user(b->dns, len, (void *)payload);
+	else
+		bpf_probe_read_kernel(b->dns, len, (void *)payload);
+	b->r.dns_len = len;
+	output(b, sizeof(b->r) + len);
+}
+
+/* new_flow starts a flow: the flow, where its answer will be seen (the
+ * asking namespace, the reversed tuple), and the QUERY record. */
+static __always_inline __u64 new_flow(struct flow_key *k, __u64 skb, __u32 netns, __u64 payload, __u32 len,
+				      bool user, __u8 tier, __u8 flags)
+{
+	__u64 qid = new_qid();
+	struct flow f = {.qid = qid, .ts = bpf_ktime_get_ns(), .skb = skb, .netns = netns};
+	bpf_map_update_elem(&flows, k, &f, BPF_ANY);
+	stat_inc(STAT_FLOWS_NEW);
+	struct ans_key ak = {.netns = netns};
+	__builtin_memcpy(ak.k.saddr, k->daddr, 16);
+	__builtin_memcpy(ak.k.daddr, k->saddr, 16);
+	ak.k.sport = k->dport;
+	ak.k.dport = k->sport;
+	ak.k.id = k->id;
+	ak.k.family = k->family;
+	struct ans a = {.qid = qid, .fk = *k};
+	bpf_map_update_elem(&answers, &ak, &a, BPF_ANY);
+	struct tuple t = {.sport = k->sport, .dport = k->dport, .family = k->family, .proto = IPPROTO_UDP};
+	__builtin_memcpy(t.saddr, k->saddr, 16);
+	__builtin_memcpy(t.daddr, k->daddr, 16);
+	emit_query(qid, netns, &t, payload, len, user, tier, flags);
+	return qid;
+}
+
+/* track_query returns the qid of the query a packet carries: a flow seen
+ * moments ago is a hop of it; otherwise, where the hook may (create), a new
+ * query starts here. */
+static __always_inline __u64 track_query(struct sk_buff *skb, struct seen *s, struct flow_key *k, bool create,
+					 __u8 tier, __u8 flags, __u32 *asker)
+{
+	struct flow *f = lookup_flow(k);
+	__u64 now = bpf_ktime_get_ns();
+	/* A resend reuses the socket and the DNS id, and often the freed skb's
+	 * address too: only time tells it from a hop. */
+	if (f && now - f->ts < RESEND_GAP_NS) {
+		f->ts = now;
+		f->skb = (__u64)skb;
+		*asker = f->netns;
+		return f->qid;
+	}
+	if (!create)
+		return 0;
+	*asker = s->netns;
+	return new_flow(k, (__u64)skb, s->netns, s->p.payload, s->p.payload_len, false, tier, flags);
+}
+
+/* lookup_answer finds the flow expecting a response with tuple t and DNS
+ * id in netns: by the tuple it carries here, or with the destination
+ * address zeroed (a socket that had no source address at send). */
+static __always_inline struct ans *lookup_answer(struct ans_key *ak, __u32 netns, const struct tuple *t, __u16 id)
+{
+	ak->netns = netns;
+	key_from(&ak->k, t, id);
+	struct ans *a = bpf_map_lookup_elem(&answers, ak);
+	if (a)
+		return a;
+	__builtin_memset(ak->k.daddr, 0, 16);
+	return bpf_map_lookup_elem(&answers, ak);
+}
+
+/* answer sends the ANSWER record when a response is where its query's
+ * asker will see it, and ends the flow. */
+static __always_inline bool answer(struct seen *s, const struct tuple *t, __u8 tier)
+{
+	struct ans_key ak;
+	struct ans *a = lookup_answer(&ak, s->netns, t, s->id);
+	if (!a)
+		return false;
+	__u64 qid = a->qid;
+	struct flow_key fk = a->fk;
+	struct flow *f = bpf_map_lookup_elem(&flows, &fk);
+	bpf_map_delete_elem(&answers, &ak);
+	if (!f || f->qid != qid)
+		return false; /* answered already, through its other key */
+	bpf_map_delete_elem(&flows, &fk);
+	stat_inc(STAT_FLOWS_ANSWERED);
+	struct rec_answer r = {};
+	fill_hdr(&r.h, REC_ANSWER, tier, qid, s->netns);
+	r.dns_flags = s->flags;
+	output(&r, sizeof(r));
+	return true;
+}
+
+/* ---- EVENT ------------------------------------------------------------ */
+
+static __always_inline struct event_buf *event_buf(void)
+{
+	__u32 zero = 0;
+	struct event_buf *b = bpf_map_lookup_elem(&event_scratch, &zero);
+	if (b)
+		__builtin_memset(&b->r, 0, sizeof(b->r));
+	return b;
+}
+
+/* emit_event sends b, with len bytes of the DNS message at payload (kernel
+ * memory) when len > 0. */
+static __always_inline void emit_event(struct event_buf *b, __u8 kind, __u8 tier, __u64 qid, __u32 netns,
+				       __u64 payload, __u32 len)
+{
+	fill_hdr(&b->r.h, REC_EVENT, tier, qid, netns);
+	b->r.kind = kind;
+	if (len > DNS_CAP)
+		len = DNS_CAP;
+	len &= DNS_ROOM - 1;
+	if (len)
+		bpf_probe_read_kernel(b->dns, len, (void *)payload);
+	b->r.dns_len = len;
+	output(b, sizeof(b->r) + len);
+}
+
+/* announce_netns sends EV_CT_NETNS the first time a DNS entry is seen in
+ * netns: from then on user space reconciles that namespace's counters. */
+static __always_inline void announce_netns(__u32 netns, __u8 tier)
+{
+	if (bpf_map_lookup_elem(&ct_netns, &netns))
+		return;
+	__u8 one = 1;
+	bpf_map_update_elem(&ct_netns, &netns, &one, BPF_ANY);
+	struct event_buf *b = event_buf();
+	if (b)
+		emit_event(b, EV_CT_NETNS, tier, 0, netns, 0, 0);
+}
+
+/* ---- tracepoint tier: entries confirmed ------------------------------- */
+
+static __always_inline void tuple_key(struct ct_tuple_key *k, __u32 netns, __u32 dir, const struct tuple *t)
+{
+	k->netns = netns;
+	k->dir = dir;
+	k->t = *t;
+}
+
+/* winner_of: a confirmed entry other than loser holding tuple t of the
+ * given direction in netns, checked against the entry itself (the map may
+ * remember one that has gone since). */
+static __always_inline bool winner_of(struct event_buf *b, __u32 netns, __u32 dir, const struct tuple *t,
+				      __u64 loser)
+{
+	struct ct_tuple_key k = {};
+	tuple_key(&k, netns, dir, t);
+	struct ct_ref *r = bpf_map_lookup_elem(&ct_tuples, &k);
+	if (!r || r->ct == loser)
+		return false;
+	__u64 wqid = r->qid;
+	read_ct(&b->r.winner, (struct nf_conn *)r->ct);
+	struct tuple *held = dir ? &b->r.winner.reply : &b->r.winner.orig;
+	if (!(b->r.winner.status & IPS_CONFIRMED) || __builtin_memcmp(held, t, sizeof(*t))) {
+		__builtin_memset(&b->r.winner, 0, sizeof(b->r.winner));
+		return false;
+	}
+	b->r.winner_qid = wqid;
+	b->r.flags |= RF_WINNER;
+	return true;
+}
+
+static __always_inline void await_winner(__u32 netns, __u32 dir, const struct tuple *t, __u64 qid)
+{
+	struct ct_tuple_key k = {};
+	tuple_key(&k, netns, dir, t);
+	struct awaited a = {.qid = qid, .ts = bpf_ktime_get_ns()};
+	bpf_map_update_elem(&unresolved, &k, &a, BPF_ANY);
+}
+
+static __always_inline void forget_await(__u32 netns, __u32 dir, const struct tuple *t)
+{
+	struct ct_tuple_key k = {};
+	tuple_key(&k, netns, dir, t);
+	bpf_map_delete_elem(&unresolved, &k);
+}
+
+/* resolve_late: a loser dropped moments before this entry (t, dir) was
+ * seen confirmed lost the race to it. */
+static __always_inline void resolve_late(__u32 netns, __u32 dir, const struct tuple *t, struct nf_conn *ct,
+					 __u64 qid, __u8 tier)
+{
+	struct ct_tuple_key k = {};
+	tuple_key(&k, netns, dir, t);
+	struct awaited *a = bpf_map_lookup_elem(&unresolved, &k);
+	if (!a)
+		return;
+	__u64 lq = a->qid;
+	bool recent = bpf_ktime_get_ns() - a->ts < AWAIT_NS;
+	bpf_map_delete_elem(&unresolved, &k);
+	if (!recent)
+		return;
+	struct event_buf *b = event_buf();
+	if (!b)
+		return;
+	read_ct(&b->r.winner, ct);
+	b->r.winner_qid = qid;
+	b->r.flags = RF_WINNER;
+	emit_event(b, EV_WINNER, tier, lq, netns, 0, 0);
+}
+
+/* expect_at_reply: NAT ran in the asking namespace itself, so the answer
+ * arrives there with the entry's reply tuple, before that namespace
+ * reverses it. A reply source port that is not a DNS port is remembered
+ * for the receive hook's filter. */
+static __always_inline void expect_at_reply(struct seen *s, __u64 qid, const struct tuple *reply)
+{
+	struct ans_key ak = {.netns = s->netns};
+	key_from(&ak.k, reply, s->id);
+	struct ans a = {.qid = qid};
+	query_key(&a.fk, s);
+	bpf_map_update_elem(&answers, &ak, &a, BPF_ANY);
+	if (!port_in(reply->sport)) {
+		__u32 w = reply->sport >> 6;
+		__u64 *bits = bpf_map_lookup_elem(&reply_ports, &w);
+		if (bits)
+			*bits |= 1ULL << (reply->sport & 63);
+	}
+}
+
+/* note_ct runs where a tracked query's packet carries an entry (device
+ * hooks): the first time an entry is seen confirmed it is remembered by
+ * both tuples and losers waiting for it are resolved; a loser inserted
+ * reply-only (NAT_CLASH) is reported once. Where NAT ran in the asking
+ * namespace, every query's answer is also expected by the reply tuple. */
+static __always_inline void note_ct(struct seen *s, __u64 qid, __u32 asker, __u8 tier)
+{
+	__u64 ctp = (__u64)s->ct;
+	struct tuple reply = {};
+	struct ctmark *m = bpf_map_lookup_elem(&cts, &ctp);
+	if (m && (m->flags & (CTM_CONFIRMED | CTM_NAT_CLASH)) && !__builtin_memcmp(&m->orig, &s->orig, sizeof(s->orig))) {
+		if (s->netns == asker) {
+			read_tuple(&reply, s->ct, 1);
+			expect_at_reply(s, qid, &reply);
+		}
+		return;
+	}
+	struct nf_conn *ct = s->ct; /* a plain local: CO-RE must not relocate seen */
+	__u32 status = BPF_CORE_READ(ct, status);
+	if (!(status & (IPS_CONFIRMED | IPS_NAT_CLASH)))
+		return;
+	announce_netns(s->netns, tier);
+	read_tuple(&reply, s->ct, 1);
+	if (s->netns == asker)
+		expect_at_reply(s, qid, &reply);
+	struct ct_ref ref = {.ct = ctp, .qid = qid};
+	struct ct_tuple_key k = {};
+	if (status & IPS_NAT_CLASH) {
+		/* Inserted in the reply direction only: it holds its reply
+		 * tuple; the original one belongs to the winner. */
+		struct ctmark nm = {.qid = qid, .flags = CTM_NAT_CLASH, .orig = s->orig};
+		bpf_map_update_elem(&cts, &ctp, &nm, BPF_ANY);
+		tuple_key(&k, s->netns, 1, &reply);
+		bpf_map_update_elem(&ct_tuples, &k, &ref, BPF_ANY);
+		struct event_buf *b = event_buf();
+		if (!b)
+			return;
+		read_ct(&b->r.ct, s->ct);
+		b->r.pkt = s->p.t;
+		winner_of(b, s->netns, 0, &b->r.ct.orig, ctp);
+		emit_event(b, EV_NAT_CLASH, tier, qid, s->netns, 0, 0);
+		return;
+	}
+	struct ctmark nm = {.qid = qid, .flags = CTM_CONFIRMED, .orig = s->orig};
+	bpf_map_update_elem(&cts, &ctp, &nm, BPF_ANY);
+	tuple_key(&k, s->netns, 0, &s->orig);
+	bpf_map_update_elem(&ct_tuples, &k, &ref, BPF_ANY);
+	tuple_key(&k, s->netns, 1, &reply);
+	bpf_map_update_elem(&ct_tuples, &k, &ref, BPF_ANY);
+	resolve_late(s->netns, 1, &reply, s->ct, qid, tier);
+	resolve_late(s->netns, 0, &s->orig, s->ct, qid, tier);
+}
+
+/* reply_port_known: a header source port answers of tracked flows use
+ * (reply_ports). */
+static __always_inline bool reply_port_known(__u16 port)
+{
+	__u32 w = port >> 6;
+	__u64 *bits = bpf_map_lookup_elem(&reply_ports, &w);
+	return bits && (*bits & (1ULL << (port & 63)));
+}
+
+/* ---- tracepoint tier: devices ---------------------------------------- */
+
+/* device is the body of net_dev_queue (egress: a query may be first seen
+ * here) and netif_receive_skb (ingress: never a first sight; answers of
+ * NAT in the asking namespace are recognised by a known reply port). */
+static __always_inline int device(struct sk_buff *skb, bool egress)
+{
+	struct seen s = {};
+	if (!parse_skb(skb, &s.p, true))
+		return 0;
+	s.ct = skb_ct(skb, true, &s.ctinfo);
+	if (s.ct) {
+		read_tuple(&s.orig, s.ct, 0);
+		if (s.orig.proto != IPPROTO_UDP || !dns_ports(&s.orig))
+			return 0;
+	} else if (!dns_ports(&s.p.t) && (egress || !reply_port_known(s.p.t.sport))) {
+		return 0;
+	}
+	if (!read_dns_hdr(&s))
+		return 0;
+	s.netns = skb_netns(skb, NULL);
+	if (!netns_match(s.netns))
+		return 0;
+	if (s.response) {
+		answer(&s, &s.p.t, TIER_TRACEPOINT);
+		return 0;
+	}
+	struct flow_key k;
+	query_key(&k, &s);
+	__u32 asker = 0;
+	__u64 qid = track_query(skb, &s, &k, egress, TIER_TRACEPOINT, 0, &asker);
+	if (qid && s.ct && track_cts)
+		note_ct(&s, qid, asker, TIER_TRACEPOINT);
 	return 0;
 }
-
-/* The skb skb_copy_datagram_iovec last reported, per CPU: recvmsg copies
- * and then consumes a datagram on the same CPU, so the deliver hooks below
- * skip it instead of reporting the same delivery twice. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} last_copied SEC(".maps");
-
-/* ---- tracepoint tier (tp_btf) ---------------------------------------- */
 
 SEC("tp_btf/net_dev_queue")
 int BPF_PROG(tp_net_dev_queue, struct sk_buff *skb)
 {
-	return emit_skb(skb, KIND_XMIT, 0, 0, NULL);
+	return device(skb, true);
 }
 
 SEC("tp_btf/netif_receive_skb")
 int BPF_PROG(tp_netif_receive_skb, struct sk_buff *skb)
 {
-	return emit_skb(skb, KIND_RECV, 0, 0, NULL);
+	return device(skb, false);
 }
 
 /* UDP copies a linear skb with copy_linear_skb(), which does not pass
  * this tracepoint: it only sees non-linear datagrams (typically those that
- * came from a NIC with page-based receive buffers). The skb_consume_udp hook
- * below (fentry/kprobe tiers) covers the rest. There is no tracepoint for
- * those: consume_skb is not reliable on this path (6.18 frees the datagram
- * through skb_attempt_defer_free and the NAPI cache without it). */
+ * came from a NIC with page-based receive buffers). */
 SEC("tp_btf/skb_copy_datagram_iovec")
 int BPF_PROG(tp_skb_copy_datagram_iovec, struct sk_buff *skb, int len)
 {
-	if (emit_skb_tier(skb, KIND_DELIVER, 0, 0, NULL, TIER_TRACEPOINT)) {
-		__u32 zero = 0;
-		__u64 *last = bpf_map_lookup_elem(&last_copied, &zero);
-		if (last)
-			*last = (__u64)skb;
-	}
-	return 0;
-}
-
-/* deliver reports a DNS datagram consumed by udp(v6)_recvmsg, unless
- * skb_copy_datagram_iovec just reported it on this CPU. */
-static __always_inline int deliver(struct sk_buff *skb, struct sock *sk, __u8 tier)
-{
-	__u32 zero = 0;
-	__u64 *last = bpf_map_lookup_elem(&last_copied, &zero);
-	if (last && *last == (__u64)skb) {
-		*last = 0;
+	struct seen s = {};
+	if (!parse_skb(skb, &s.p, true) || !dns_ports(&s.p.t) || !read_dns_hdr(&s) || !s.response)
 		return 0;
-	}
-	/* UDP clears skb->dev and never sets skb->sk: the netns is sk's */
-	emit_skb_tier(skb, KIND_DELIVER, 0, 0, sk, tier);
+	s.netns = skb_netns(skb, NULL);
+	if (netns_match(s.netns))
+		answer(&s, &s.p.t, TIER_TRACEPOINT);
 	return 0;
 }
 
-/* skb_consume_udp(sk, skb, len): called by udp(v6)_recvmsg after copying a
- * datagram (exported, so never inlined away). */
-SEC("fentry/skb_consume_udp")
-int BPF_PROG(fe_skb_consume_udp, struct sock *sk, struct sk_buff *skb, int len)
-{
-	return deliver(skb, sk, TIER_FENTRY);
-}
+/* ---- drops (every tier) ----------------------------------------------- */
 
-SEC("kprobe/skb_consume_udp")
-int BPF_KPROBE(kp_skb_consume_udp, struct sock *sk, struct sk_buff *skb)
+/* drop reports a DNS packet freed by kfree_skb. A query may be first seen
+ * here (NAT in its own namespace dropped it before any device did). In the
+ * tracepoint tier an unconfirmed entry's drop looks for the entry that
+ * holds its reply tuple (another flow got the same mapping) or its original
+ * tuple (the same socket's other packet), else waits for it (unresolved). */
+static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reason, struct sock *rx_sk,
+				__u8 tier)
 {
-	return deliver(skb, sk, TIER_KPROBE);
+	struct seen s = {};
+	if (!dns_packet(skb, &s, true))
+		return 0;
+	s.netns = skb_netns(skb, rx_sk);
+	if (!netns_match(s.netns))
+		return 0;
+	__u64 qid = 0;
+	__u32 len = 0;
+	__u8 flags = 0;
+	if (s.response) {
+		flags = RF_RESPONSE;
+		struct ans_key ak;
+		struct ans *a = lookup_answer(&ak, s.netns, &s.p.t, s.id);
+		if (a) {
+			qid = a->qid;
+		} else if (s.ct && s.ctinfo >= IP_CT_IS_REPLY) {
+			struct flow_key k;
+			key_from(&k, &s.orig, s.id);
+			struct flow *f = lookup_flow(&k);
+			if (f)
+				qid = f->qid;
+		}
+		if (!qid)
+			len = s.p.payload_len; /* user space matches it by question */
+	} else {
+		struct flow_key k;
+		query_key(&k, &s);
+		__u32 asker = 0;
+		qid = track_query(skb, &s, &k, true, tier, track_cts ? 0 : RF_NO_SOCKET, &asker);
+	}
+	if (s.ct)
+		announce_netns(s.netns, tier); /* before b: it uses the scratch */
+	struct event_buf *b = event_buf();
+	if (!b)
+		return 0;
+	b->r.location = location;
+	b->r.reason = reason;
+	b->r.pkt = s.p.t;
+	b->r.flags = flags;
+	if (s.ct) {
+		read_ct(&b->r.ct, s.ct);
+		if (track_cts && !s.response && !(b->r.ct.status & IPS_CONFIRMED)) {
+			__u64 ctp = (__u64)s.ct;
+			struct ctmark m = {.qid = qid, .flags = CTM_DROPPED, .orig = b->r.ct.orig};
+			bpf_map_update_elem(&cts, &ctp, &m, BPF_ANY);
+			/* The holder of its reply tuple (another flow given the
+			 * same mapping) is the winner; it may be confirmed on
+			 * another CPU and not have reached a device yet: then it
+			 * is awaited, and looked up once more in case it got
+			 * there meanwhile. Failing that, the holder of its
+			 * original tuple (the same socket's other packet). */
+			if (!winner_of(b, s.netns, 1, &b->r.ct.reply, ctp)) {
+				await_winner(s.netns, 1, &b->r.ct.reply, qid);
+				if (winner_of(b, s.netns, 1, &b->r.ct.reply, ctp)) {
+					forget_await(s.netns, 1, &b->r.ct.reply);
+				} else if (!winner_of(b, s.netns, 0, &b->r.ct.orig, ctp)) {
+					await_winner(s.netns, 0, &b->r.ct.orig, qid);
+					if (winner_of(b, s.netns, 0, &b->r.ct.orig, ctp))
+						forget_await(s.netns, 0, &b->r.ct.orig);
+				}
+			}
+		}
+	}
+	emit_event(b, EV_DROP, tier, qid, s.netns, s.p.payload, len);
+	return 0;
 }
 
 /* skb:kfree_skb changed its arguments twice; tp_btf arguments are
@@ -413,24 +1051,46 @@ int BPF_KPROBE(kp_skb_consume_udp, struct sock *sk, struct sk_buff *skb)
  *   (skb, location)                  before v5.17
  *   (skb, location, reason)          c504e5c2f964, v5.17
  *   (skb, location, reason, rx_sk)   "net: add rx_sk to trace_kfree_skb", v6.11
- */
+ * The tier argument only labels the records: kfree_skb is a tracepoint in
+ * every tier. */
 SEC("tp_btf/kfree_skb")
-int BPF_PROG(tp_kfree_skb_rx_sk, struct sk_buff *skb, void *location, int reason,
-	     struct sock *rx_sk)
+int BPF_PROG(tp_kfree_skb_rx_sk, struct sk_buff *skb, void *location, int reason, struct sock *rx_sk)
 {
-	return emit_skb(skb, KIND_DROP, (__u64)location, reason, rx_sk);
+	return drop(skb, (__u64)location, reason, rx_sk, TIER_TRACEPOINT);
 }
 
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(tp_kfree_skb_reason, struct sk_buff *skb, void *location, int reason)
 {
-	return emit_skb(skb, KIND_DROP, (__u64)location, reason, NULL);
+	return drop(skb, (__u64)location, reason, NULL, TIER_TRACEPOINT);
 }
 
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(tp_kfree_skb_noreason, struct sk_buff *skb, void *location)
 {
-	return emit_skb(skb, KIND_DROP, (__u64)location, 0, NULL);
+	return drop(skb, (__u64)location, 0, NULL, TIER_TRACEPOINT);
+}
+
+/* A full receive buffer: the answer is dropped at the asking socket. */
+static __always_inline int rcvbuf_full(struct sk_buff *skb, struct sock *sk)
+{
+	struct seen s = {};
+	if (!parse_skb(skb, &s.p, true) || !dns_ports(&s.p.t) || !read_dns_hdr(&s) || !s.response)
+		return 0;
+	s.netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	if (!netns_match(s.netns))
+		return 0;
+	struct ans_key ak = {.netns = s.netns};
+	key_from(&ak.k, &s.p.t, s.id);
+	struct ans *a = bpf_map_lookup_elem(&answers, &ak);
+	struct event_buf *b = event_buf();
+	if (!b)
+		return 0;
+	b->r.flags = RF_RESPONSE;
+	b->r.pkt = s.p.t;
+	emit_event(b, EV_RCVBUF_FULL, TIER_TRACEPOINT, a ? a->qid : 0, s.netns, s.p.payload,
+		   a ? 0 : s.p.payload_len);
+	return 0;
 }
 
 /* udp:udp_fail_queue_rcv_skb gained the skb argument in v6.10 ("net: udp:
@@ -438,54 +1098,83 @@ int BPF_PROG(tp_kfree_skb_noreason, struct sk_buff *skb, void *location)
 SEC("tp_btf/udp_fail_queue_rcv_skb")
 int BPF_PROG(tp_udp_fail_queue_rcv_skb, int rc, struct sock *sk, struct sk_buff *skb)
 {
-	return emit_skb(skb, KIND_RCVBUF_FULL, 0, 0, sk);
+	return rcvbuf_full(skb, sk);
 }
 
-/* Before v6.10 only the socket is known: filter on its ports. */
+/* Before v6.10 only the socket is known: its tuple goes to user space,
+ * which blames the socket's unanswered queries. */
 SEC("tp_btf/udp_fail_queue_rcv_skb")
 int BPF_PROG(tp_udp_fail_queue_rcv_skb_sk, int rc, struct sock *sk)
 {
-	__u16 lport = BPF_CORE_READ(sk, __sk_common.skc_num);
-	__u16 rport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
-	if (!port_match(lport, rport))
+	struct tuple t = {.proto = IPPROTO_UDP};
+	t.dport = BPF_CORE_READ(sk, __sk_common.skc_num);
+	t.sport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	if (!dns_ports(&t))
 		return 0;
 	__u32 netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
 	if (!netns_match(netns))
 		return 0;
-	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count_lost();
+	if (BPF_CORE_READ(sk, __sk_common.skc_family) == AF_INET6) {
+		t.family = 6;
+		bpf_core_read(t.saddr, 16, &sk->__sk_common.skc_v6_daddr);
+		bpf_core_read(t.daddr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
+	} else {
+		t.family = 4;
+		bpf_core_read(t.saddr, 4, &sk->__sk_common.skc_daddr);
+		bpf_core_read(t.daddr, 4, &sk->__sk_common.skc_rcv_saddr);
+	}
+	struct event_buf *b = event_buf();
+	if (!b)
+		return 0;
+	b->r.flags = RF_RESPONSE;
+	b->r.pkt = t;
+	emit_event(b, EV_RCVBUF_FULL, TIER_TRACEPOINT, 0, netns, 0, 0);
+	return 0;
+}
+
+/* ---- tracepoint tier: unconfirmed entries freed ----------------------- */
+
+/* ct_freed reports an unconfirmed DNS entry freed without its packet being
+ * dropped: the loser of a clash the kernel merged into the winner (its
+ * packet left with the winner's entry, so no device saw the loser's). */
+static __always_inline int ct_freed(struct nf_conn *ct)
+{
+	__u32 status = BPF_CORE_READ(ct, status);
+	struct tuple orig = {};
+	read_tuple(&orig, ct, 0);
+	if (orig.proto != IPPROTO_UDP || !dns_ports(&orig))
+		return 0;
+	__u64 ctp = (__u64)ct;
+	if (status & (IPS_CONFIRMED | IPS_NAT_CLASH)) {
+		/* Its mark must not outlive it: the next entry at this
+		 * address may be the same socket's next flow. */
+		bpf_map_delete_elem(&cts, &ctp);
 		return 0;
 	}
-	fill_common(e, KIND_RCVBUF_FULL, TIER_TRACEPOINT);
-	e->netns = netns;
-	e->dns_len = 0;
-	e->pkt.proto = IPPROTO_UDP;
-	e->pkt.sport = rport; /* the datagram's direction: remote -> local */
-	e->pkt.dport = lport;
-	if (BPF_CORE_READ(sk, __sk_common.skc_family) == AF_INET6) {
-		e->pkt.family = 6;
-		bpf_core_read(e->pkt.saddr, 16, &sk->__sk_common.skc_v6_daddr);
-		bpf_core_read(e->pkt.daddr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
-	} else {
-		e->pkt.family = 4;
-		bpf_core_read(e->pkt.saddr, 4, &sk->__sk_common.skc_daddr);
-		bpf_core_read(e->pkt.daddr, 4, &sk->__sk_common.skc_rcv_saddr);
-	}
-	bpf_ringbuf_submit(e, 0);
+	__u32 netns = BPF_CORE_READ(ct, ct_net.net, ns.inum);
+	if (!netns_match(netns))
+		return 0;
+	struct ctmark *m = bpf_map_lookup_elem(&cts, &ctp);
+	bool dropped = m && (m->flags & CTM_DROPPED) && !__builtin_memcmp(&m->orig, &orig, sizeof(orig));
+	if (m)
+		bpf_map_delete_elem(&cts, &ctp);
+	if (dropped)
+		return 0;
+	struct event_buf *b = event_buf();
+	if (!b)
+		return 0;
+	read_ct(&b->r.ct, ct);
+	emit_event(b, EV_CT_FREED, TIER_TRACEPOINT, 0, netns, 0, 0);
 	return 0;
 }
 
 /* kmem:kmem_cache_free with the cache argument (v6.1, "mm/sl[au]b:
- * generalize kmalloc subsystem" series; earlier kernels passed the name or
- * nothing and are not supported: the loader checks the prototype). A raw
- * tracepoint, not tp_btf: 6.1's verifier refuses tp_btf reads of the
- * "const void *ptr" argument ("arg1 type UNKNOWN is not a struct"). Runs on
+ * generalize kmalloc subsystem" series). A raw tracepoint, not tp_btf: 6.1's
+ * verifier refuses tp_btf reads of the "const void *ptr" argument. Runs on
  * every slab free in the system, so the common path is one array lookup and
  * one compare. */
 SEC("raw_tp/kmem_cache_free")
-int BPF_PROG(tp_kmem_cache_free, unsigned long call_site, const void *ptr,
-	     struct kmem_cache *s)
+int BPF_PROG(tp_kmem_cache_free, unsigned long call_site, const void *ptr, struct kmem_cache *s)
 {
 	__u32 zero = 0;
 	__u64 *cachep = bpf_map_lookup_elem(&ct_cachep, &zero);
@@ -506,63 +1195,79 @@ int BPF_PROG(tp_kmem_cache_free, unsigned long call_site, const void *ptr,
 				return 0;
 		*cachep = (__u64)s;
 	}
+	return ct_freed((struct nf_conn *)ptr);
+}
 
-	struct nf_conn *ct = (struct nf_conn *)ptr;
-	__u64 status = BPF_CORE_READ(ct, status);
-	if (status & (1 << 3)) /* IPS_CONFIRMED */
+/* Before v6.1 the tracepoint has no cache argument: frees called from the
+ * nf_conntrack module's text (cfg.ct_free_lo/hi, from /sys/module) are its
+ * entries (and, rarely, its expectations, which ct_freed's checks reject). */
+SEC("raw_tp/kmem_cache_free")
+int BPF_PROG(tp_kmem_cache_free_site, unsigned long call_site, const void *ptr)
+{
+	if (call_site - cfg.ct_free_lo >= cfg.ct_free_hi - cfg.ct_free_lo)
 		return 0;
-	if (BPF_CORE_READ(ct, tuplehash[0].tuple.dst.protonum) != IPPROTO_UDP)
-		return 0;
-	__u16 sport = bpf_ntohs(BPF_CORE_READ(ct, tuplehash[0].tuple.src.u.all));
-	__u16 dport = bpf_ntohs(BPF_CORE_READ(ct, tuplehash[0].tuple.dst.u.all));
-	if (!port_match(sport, dport))
-		return 0;
-	__u32 netns = BPF_CORE_READ(ct, ct_net.net, ns.inum);
-	if (!netns_match(netns))
-		return 0;
-
-	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count_lost();
-		return 0;
-	}
-	fill_common(e, KIND_CT_FREE, TIER_TRACEPOINT);
-	e->netns = netns;
-	e->dns_len = 0;
-	read_ct(&e->ct, ct);
-	e->pkt = e->ct.orig;
-	bpf_ringbuf_submit(e, 0);
-	return 0;
+	return ct_freed((struct nf_conn *)ptr);
 }
 
 /* ---- __nf_conntrack_confirm (kprobe and fentry tiers) ----------------- */
 
-/* confirm_enter builds the event of a DNS skb entering confirm into e.
- * Returns false for anything else. */
-static __always_inline bool confirm_enter(struct event *e, struct sk_buff *skb, __u8 tier)
+/* confirm_enter: the query of a DNS skb entering confirm (first seen here
+ * if no send was seen: forwarded from outside) and its entry, read now. */
+static __always_inline bool confirm_enter(struct pending_confirm *pc, struct sk_buff *skb, __u8 tier)
 {
-	struct pkt p = {};
-	if (!parse_skb(skb, &p))
+	struct seen s = {};
+	if (!dns_packet(skb, &s, false) || !s.ct || s.response)
 		return false;
-	__u32 netns = skb_netns(skb);
-	if (!netns_match(netns))
+	s.netns = skb_netns(skb, NULL);
+	if (!netns_match(s.netns))
 		return false;
-	fill_common(e, KIND_CONFIRM, tier);
-	fill_skb(e, skb, &p, netns);
+	announce_netns(s.netns, tier);
+	struct flow_key k;
+	query_key(&k, &s);
+	__u32 asker = 0;
+	pc->qid = track_query(skb, &s, &k, true, tier, RF_NO_SOCKET, &asker);
+	pc->netns = s.netns;
+	pc->pkt = s.p.t;
+	read_ct(&pc->ct, s.ct);
 	return true;
 }
 
-static __always_inline void confirm_exit(struct event *stash, struct sk_buff *skb, int ret)
+/* confirm_exit reports what user space must explain: NF_DROP, a merge
+ * (the skb now carries the winner's entry), or a NAT_CLASH insert. A plain
+ * insert sends nothing. */
+static __always_inline void confirm_exit(struct pending_confirm *pc, struct sk_buff *skb, int ret, __u8 tier)
 {
-	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count_lost();
-		return;
+	__u32 zero = 0;
+	struct clash_slot *cs = bpf_map_lookup_elem(&clash_slot, &zero);
+	bool clashed = cs && cs->skb == (__u64)skb;
+	__u8 nothing = 0;
+	struct nf_conn *after = skb_ct(skb, false, &nothing);
+	__u8 kind;
+	if (ret == NF_DROP)
+		kind = EV_CONFIRM_DROP;
+	else if ((__u64)after != pc->ct.ptr)
+		kind = EV_MERGED;
+	else if (BPF_CORE_READ(after, status) & IPS_NAT_CLASH)
+		kind = EV_NAT_CLASH;
+	else
+		goto out;
+	struct event_buf *b = event_buf();
+	if (!b)
+		goto out;
+	b->r.pkt = pc->pkt;
+	b->r.ct = pc->ct;
+	b->r.ct_after = (__u64)after;
+	if (kind == EV_MERGED) {
+		read_ct(&b->r.winner, after);
+		b->r.flags = RF_WINNER;
+	} else if (clashed) {
+		b->r.winner = cs->winner;
+		b->r.flags = RF_WINNER;
 	}
-	bpf_probe_read_kernel(e, sizeof(*e), stash);
-	e->verdict = ret;
-	e->ct_after = skb_ct(skb) ? (__u64)skb_ct(skb) : 0;
-	bpf_ringbuf_submit(e, 0);
+	emit_event(b, kind, tier, pc->qid, pc->netns, 0, 0);
+out:
+	if (clashed)
+		cs->skb = 0;
 }
 
 SEC("kprobe/__nf_conntrack_confirm")
@@ -581,7 +1286,7 @@ int BPF_KPROBE(kp_nf_conntrack_confirm, struct sk_buff *skb)
 	st->depth = d + 1;
 	struct confirm_slot *s = &st->slot[d];
 	s->skb = (__u64)skb;
-	s->valid = confirm_enter(&s->ev, skb, TIER_KPROBE);
+	s->valid = confirm_enter(&s->pc, skb, TIER_KPROBE);
 	return 0;
 }
 
@@ -600,21 +1305,27 @@ int BPF_KRETPROBE(krp_nf_conntrack_confirm, int ret)
 	if (!s->valid)
 		return 0;
 	s->valid = 0;
-	confirm_exit(&s->ev, (struct sk_buff *)s->skb, ret);
+	confirm_exit(&s->pc, (struct sk_buff *)s->skb, ret, TIER_KPROBE);
 	return 0;
 }
+
+/* Scratch for fentry's entry (the stack is too small for it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pending_confirm);
+} confirm_scratch SEC(".maps");
 
 SEC("fentry/__nf_conntrack_confirm")
 int BPF_PROG(fe_nf_conntrack_confirm, struct sk_buff *skb)
 {
 	__u32 zero = 0;
-	struct event *e = bpf_map_lookup_elem(&scratch, &zero);
-	if (!e)
-		return 0;
-	if (!confirm_enter(e, skb, TIER_FENTRY))
+	struct pending_confirm *pc = bpf_map_lookup_elem(&confirm_scratch, &zero);
+	if (!pc || !confirm_enter(pc, skb, TIER_FENTRY))
 		return 0;
 	__u64 key = (__u64)skb;
-	bpf_map_update_elem(&confirm_entry, &key, e, BPF_ANY);
+	bpf_map_update_elem(&confirm_entry, &key, pc, BPF_ANY);
 	return 0;
 }
 
@@ -622,10 +1333,10 @@ SEC("fexit/__nf_conntrack_confirm")
 int BPF_PROG(fx_nf_conntrack_confirm, struct sk_buff *skb, int ret)
 {
 	__u64 key = (__u64)skb;
-	struct event *stash = bpf_map_lookup_elem(&confirm_entry, &key);
-	if (!stash)
+	struct pending_confirm *pc = bpf_map_lookup_elem(&confirm_entry, &key);
+	if (!pc)
 		return 0;
-	confirm_exit(stash, skb, ret);
+	confirm_exit(pc, skb, ret, TIER_FENTRY);
 	bpf_map_delete_elem(&confirm_entry, &key);
 	return 0;
 }
@@ -644,80 +1355,110 @@ static __always_inline __u64 ptr_value(const void *p)
 }
 
 /* Signature since v5.6 (6a757c07e51f series): (skb, h, reply_hash); h is a
- * tuplehash of the entry already in the table. Earlier kernels are not
- * supported (the loader checks the BTF prototype). */
-static __always_inline int clash(struct sk_buff *skb, struct nf_conntrack_tuple_hash *h, __u8 tier)
+ * tuplehash of the entry already in the table: the winner. Earlier kernels
+ * are not supported (the loader checks the BTF prototype). */
+static __always_inline int clash(struct sk_buff *skb, struct nf_conntrack_tuple_hash *h)
 {
-	struct pkt p = {};
-	if (!parse_skb(skb, &p))
+	__u8 ctinfo;
+	struct nf_conn *loser = skb_ct(skb, false, &ctinfo);
+	if (!loser)
 		return 0;
-	__u32 netns = skb_netns(skb);
-	if (!netns_match(netns))
+	struct tuple orig = {};
+	read_tuple(&orig, loser, 0);
+	if (orig.proto != IPPROTO_UDP || !dns_ports(&orig))
 		return 0;
-
-	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count_lost();
+	__u32 zero = 0;
+	struct clash_slot *cs = bpf_map_lookup_elem(&clash_slot, &zero);
+	if (!cs)
 		return 0;
-	}
-	fill_common(e, KIND_CLASH, tier);
-	fill_skb(e, skb, &p, netns);
 	/* nf_ct_tuplehash_to_ctrack: container_of(h, struct nf_conn,
 	 * tuplehash[h->tuple.dst.dir]) */
 	__u8 dir = BPF_CORE_READ(h, tuple.dst.dir) & 1;
 	__u64 winner = ptr_value(h) - bpf_core_field_offset(struct nf_conn, tuplehash) -
 		       dir * bpf_core_type_size(struct nf_conntrack_tuple_hash);
-	read_ct(&e->winner, (struct nf_conn *)winner);
-	bpf_ringbuf_submit(e, 0);
+	cs->skb = (__u64)skb;
+	read_ct(&cs->winner, (struct nf_conn *)winner);
 	return 0;
 }
 
 SEC("kprobe/nf_ct_resolve_clash")
 int BPF_KPROBE(kp_nf_ct_resolve_clash, struct sk_buff *skb, struct nf_conntrack_tuple_hash *h)
 {
-	return clash(skb, h, TIER_KPROBE);
+	return clash(skb, h);
 }
 
 SEC("fentry/nf_ct_resolve_clash")
 int BPF_PROG(fe_nf_ct_resolve_clash, struct sk_buff *skb, struct nf_conntrack_tuple_hash *h)
 {
-	return clash(skb, h, TIER_FENTRY);
+	return clash(skb, h);
+}
+
+/* ---- skb_consume_udp (kprobe and fentry tiers) ------------------------- */
+
+/* skb_consume_udp(sk, skb, len): called by udp(v6)_recvmsg after copying a
+ * datagram to the socket's reader (exported, so never inlined away): the
+ * answer reached the asking socket. UDP clears skb->dev: the netns is the
+ * socket's. */
+static __always_inline int deliver(struct sk_buff *skb, struct sock *sk, __u8 tier)
+{
+	struct seen s = {};
+	if (!parse_skb(skb, &s.p, false) || !dns_ports(&s.p.t) || !read_dns_hdr(&s) || !s.response)
+		return 0;
+	s.netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	if (netns_match(s.netns))
+		answer(&s, &s.p.t, tier);
+	return 0;
+}
+
+SEC("fentry/skb_consume_udp")
+int BPF_PROG(fe_skb_consume_udp, struct sock *sk, struct sk_buff *skb, int len)
+{
+	return deliver(skb, sk, TIER_FENTRY);
+}
+
+SEC("kprobe/skb_consume_udp")
+int BPF_KPROBE(kp_skb_consume_udp, struct sock *sk, struct sk_buff *skb)
+{
+	return deliver(skb, sk, TIER_KPROBE);
 }
 
 /* ---- udp_sendmsg / udpv6_sendmsg (kprobe and fentry tiers) ------------ */
 
-/* copy_payload_user copies the start of the message from the msghdr's
- * iov_iter: ITER_UBUF (v6.0, one user buffer) or ITER_IOVEC (first iovec). */
-static __always_inline void copy_payload_user(struct event *e, struct msghdr *msg)
+/* user_payload finds the start of the message in the msghdr's iov_iter:
+ * ITER_UBUF (v6.0, one user buffer), ITER_IOVEC (first iovec), or before
+ * v5.14 the "type" bitmask with ITER_IOVEC. */
+static __always_inline bool user_payload(struct msghdr *msg, __u64 *base, __u64 *avail)
 {
 	struct iov_iter *it = &msg->msg_iter;
-	e->dns_len = 0;
-	if (!bpf_core_field_exists(it->iter_type))
-		return;
-	__u8 type = BPF_CORE_READ(it, iter_type);
-	__u64 off = BPF_CORE_READ(it, iov_offset);
-	__u64 base = 0, avail = 0;
-
-	if (bpf_core_enum_value_exists(enum iter_type, ITER_UBUF) &&
-	    type == bpf_core_enum_value(enum iter_type, ITER_UBUF)) {
-		base = (__u64)BPF_CORE_READ(it, ubuf) + off;
-		avail = BPF_CORE_READ(it, count);
-	} else if (type == bpf_core_enum_value(enum iter_type, ITER_IOVEC)) {
-		const struct iovec *iov;
+	const struct iovec *iov;
+	__u64 off;
+	if (bpf_core_field_exists(it->iter_type)) {
+		__u8 type = BPF_CORE_READ(it, iter_type);
+		off = BPF_CORE_READ(it, iov_offset);
+		if (bpf_core_enum_value_exists(enum iter_type, ITER_UBUF) &&
+		    type == bpf_core_enum_value(enum iter_type, ITER_UBUF)) {
+			*base = (__u64)BPF_CORE_READ(it, ubuf) + off;
+			*avail = BPF_CORE_READ(it, count);
+			return true;
+		}
+		if (type != bpf_core_enum_value(enum iter_type, ITER_IOVEC))
+			return false;
 		struct iov_iter___v64 *it64 = (void *)it;
 		if (bpf_core_field_exists(it64->__iov))
 			iov = BPF_CORE_READ(it64, __iov);
 		else
 			iov = BPF_CORE_READ((struct iov_iter___pre64 *)it, iov);
-		__u64 len = BPF_CORE_READ(iov, iov_len);
-		base = (__u64)BPF_CORE_READ(iov, iov_base) + off;
-		avail = len > off ? len - off : 0;
 	} else {
-		return;
+		struct iov_iter___pre514 *old = (void *)it;
+		if (!(BPF_CORE_READ(old, type) & bpf_core_enum_value(enum iter_type, ITER_IOVEC)))
+			return false;
+		off = BPF_CORE_READ(old, iov_offset);
+		iov = BPF_CORE_READ(old, iov);
 	}
-	__u32 n = avail > DNS_CAP ? DNS_CAP : avail;
-	e->dns_len = n;
-	bpf_probe_read_user(e->dns, n & 0x1ff, (void *)base);
+	__u64 len = BPF_CORE_READ(iov, iov_len);
+	*base = (__u64)BPF_CORE_READ(iov, iov_base) + off;
+	*avail = len > off ? len - off : 0;
+	return true;
 }
 
 static __always_inline bool v4mapped(const __u8 *a)
@@ -728,9 +1469,10 @@ static __always_inline bool v4mapped(const __u8 *a)
 	return a[10] == 0xff && a[11] == 0xff;
 }
 
-/* send reports a DNS datagram handed to udp_sendmsg or udpv6_sendmsg.
- * udpv6_sendmsg passes a v4-mapped destination on to udp_sendmsg, which
- * reports it, so the v6 hook skips those (v6 = true). */
+/* send starts a flow for a DNS query handed to udp_sendmsg or
+ * udpv6_sendmsg: every send is a new query. udpv6_sendmsg passes a
+ * v4-mapped destination on to udp_sendmsg, which reports it, so the v6 hook
+ * skips those (v6 = true). */
 static __always_inline int send(struct sock *sk, struct msghdr *msg, __u8 tier, bool v6)
 {
 	struct tuple t = {};
@@ -743,7 +1485,7 @@ static __always_inline int send(struct sock *sk, struct msghdr *msg, __u8 tier, 
 		struct sockaddr_in6 sa = {};
 		bpf_probe_read_kernel(&sa, sizeof(sa), name);
 		t.dport = bpf_ntohs(sa.sin6_port);
-		if (!port_match(t.sport, t.dport))
+		if (!port_in(t.sport) && !port_in(t.dport))
 			return 0;
 		if (sa.sin6_family == AF_INET6) {
 			t.family = 6;
@@ -754,7 +1496,7 @@ static __always_inline int send(struct sock *sk, struct msghdr *msg, __u8 tier, 
 		}
 	} else {
 		t.dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
-		if (!port_match(t.sport, t.dport))
+		if (!port_in(t.sport) && !port_in(t.dport))
 			return 0;
 		if (family == AF_INET6) {
 			t.family = 6;
@@ -784,18 +1526,17 @@ static __always_inline int send(struct sock *sk, struct msghdr *msg, __u8 tier, 
 	__u32 netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
 	if (!netns_match(netns))
 		return 0;
-
-	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count_lost();
+	__u64 base = 0, avail = 0;
+	if (!user_payload(msg, &base, &avail) || avail < 12)
 		return 0;
-	}
-	fill_common(e, KIND_SEND, tier);
-	e->netns = netns;
-	e->ifindex = BPF_CORE_READ(sk, __sk_common.skc_bound_dev_if);
-	e->pkt = t;
-	copy_payload_user(e, msg);
-	bpf_ringbuf_submit(e, 0);
+	__u16 h[2];
+	if (bpf_probe_read_user(h, sizeof(h), (void *)base))
+		return 0;
+	if (bpf_ntohs(h[1]) & 0x8000)
+		return 0; /* a response (a DNS server's send) */
+	struct flow_key k;
+	key_from(&k, &t, bpf_ntohs(h[0]));
+	new_flow(&k, 0, netns, base, avail > DNS_CAP ? DNS_CAP : avail, true, tier, 0);
 	return 0;
 }
 

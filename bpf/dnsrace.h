@@ -1,33 +1,66 @@
 /* Shared between the BPF programs (bpf/dnsrace.bpf.c) and user space.
  *
- * User space never mirrors these by hand: bpf2go generates Go types for
- * struct event, struct config, enum kind and enum tier (-type), and
- * internal/event/decode.go decodes the record at the offsets this header
- * defines; internal/event's tests build records from the generated type, so a
- * layout change here that Decode does not follow fails them.
+ * The kernel side owns each DNS flow and sends user space only what changes
+ * its mind: one QUERY record when a query is first seen, one EVENT record
+ * when something happens to it that user space must explain (a drop, a
+ * confirm verdict, a clash and its winner, an unconfirmed entry freed), one
+ * ANSWER record when its answer reaches the asking namespace. Hops that
+ * change nothing update the maps and send nothing.
  *
- * Byte order: every multi-byte integer is in host order (ports converted with
- * bpf_ntohs); addresses are in network order, IPv4 in the first 4 bytes.
+ * User space never mirrors these by hand: bpf2go generates Go types (-type)
+ * and internal/event decodes records at the offsets this header defines;
+ * its tests build records from the generated types, so a layout change here
+ * that the decoder does not follow fails them.
+ *
+ * Byte order: every multi-byte integer is in host order (ports converted
+ * with bpf_ntohs); addresses are in network order, IPv4 in the first 4
+ * bytes. Records are variable length: QUERY and EVENT end with dns_len bytes
+ * of the DNS message.
  */
 #ifndef DNSRACE_H
 #define DNSRACE_H
 
-/* Bytes of the DNS message kept per event: the 12-byte header, a question
- * name of up to 255 wire bytes and QTYPE/QCLASS. */
+/* Bytes of a DNS message kept: the 12-byte header, a question name of up to
+ * 255 wire bytes and QTYPE/QCLASS. */
 #define DNS_CAP 272
+/* Room for a DNS copy in a scratch record: a power of two above DNS_CAP, so
+ * a length masked with DNS_ROOM - 1 is provably inside it. */
+#define DNS_ROOM 512
+/* DNS ports a session can filter on (--port takes a list). */
+#define MAX_PORTS 8
 
-/* Must match event.Kind in internal/event/event.go (checked by a test). */
-enum kind {
-	KIND_INVALID = 0,
-	KIND_SEND = 1,
-	KIND_XMIT = 2,
-	KIND_RECV = 3,
-	KIND_DELIVER = 4,
-	KIND_DROP = 5,
-	KIND_CONFIRM = 6,
-	KIND_CLASH = 7,
-	KIND_CT_FREE = 8,
-	KIND_RCVBUF_FULL = 9,
+/* Must match event.RecType (checked by a test). */
+enum rec_type {
+	REC_INVALID = 0,
+	REC_QUERY = 1,  /* struct rec_query: a query first seen */
+	REC_ANSWER = 2, /* struct rec_answer: its answer reached the asker */
+	REC_EVENT = 3,  /* struct rec_event: evidence about a query or answer */
+};
+
+/* Kinds of REC_EVENT. Must match event.EventKind. */
+enum ev_kind {
+	EV_INVALID = 0,
+	/* skb:kfree_skb of a DNS packet: reason, location, its entry and, in
+	 * the tracepoint tier, the winner the maps knew */
+	EV_DROP = 1,
+	/* __nf_conntrack_confirm returned NF_DROP (fentry/kprobe) */
+	EV_CONFIRM_DROP = 2,
+	/* the loser of a clash merged into the winner: confirm returned with
+	 * the skb on another entry (fentry/kprobe) */
+	EV_MERGED = 3,
+	/* the loser inserted reply-only with IPS_NAT_CLASH (5.6+) */
+	EV_NAT_CLASH = 4,
+	/* an unconfirmed DNS entry freed without its packet being dropped: a
+	 * merged loser (tracepoint tier: kmem_cache_free) */
+	EV_CT_FREED = 5,
+	/* the winner of an earlier dropped race, confirmed after the drop
+	 * (tracepoint tier: it reached a device after its loser was freed) */
+	EV_WINNER = 6,
+	/* udp:udp_fail_queue_rcv_skb: an answer hit a full receive buffer */
+	EV_RCVBUF_FULL = 7,
+	/* the first DNS entry of a namespace: user space reads that
+	 * namespace's conntrack counters from now on */
+	EV_CT_NETNS = 8,
 };
 
 /* Must match event.Tier. */
@@ -36,6 +69,17 @@ enum tier {
 	TIER_TRACEPOINT = 1,
 	TIER_KPROBE = 2,
 	TIER_FENTRY = 3,
+};
+
+/* rec_query.flags, rec_event.flags */
+enum rec_flags {
+	/* query: first seen by a netfilter or drop hook, not sent by a local
+	 * socket the tracer saw (forwarded from outside, or its send missed) */
+	RF_NO_SOCKET = 1 << 0,
+	/* event: the packet is a DNS response */
+	RF_RESPONSE = 1 << 1,
+	/* event: winner is set */
+	RF_WINNER = 1 << 2,
 };
 
 struct tuple {
@@ -49,40 +93,73 @@ struct tuple {
 };
 
 struct ct {
-	__u64 ptr; /* struct nf_conn address, 0 when the skb has none */
+	__u64 ptr; /* struct nf_conn address, 0 when none */
 	__u32 status;
 	__u32 _pad;
 	struct tuple orig;  /* tuplehash[IP_CT_DIR_ORIGINAL] */
 	struct tuple reply; /* tuplehash[IP_CT_DIR_REPLY] */
 };
 
-struct event {
-	__u64 ts;       /* bpf_ktime_get_ns */
-	__u64 skb;      /* sk_buff address, 0 for send and ct_free */
-	__u64 cgroup;   /* cgroup v2 id of current */
-	__u64 location; /* drop: address that freed the skb */
-	__u64 ct_after; /* confirm: skb->_nfct & ~7 on return */
-	__u32 netns;    /* netns inode */
-	__u32 ifindex;
-	__u32 pid;      /* tgid of current */
-	__u32 reason;   /* drop: enum skb_drop_reason */
-	__s32 verdict;  /* confirm: NF_ACCEPT 1 / NF_DROP 0; -1 elsewhere */
+/* Every record starts with this. */
+struct rec_hdr {
+	__u64 ts;   /* bpf_ktime_get_ns */
+	__u64 qid;  /* the query (cpu << 48 | sequence); 0 unknown */
+	__u32 netns; /* inode of the namespace the hook ran in */
 	__u16 cpu;
-	__u8 kind;      /* enum kind */
-	__u8 tier;      /* enum tier */
+	__u8 type;  /* enum rec_type */
+	__u8 tier;  /* enum tier */
+};
+
+struct rec_query {
+	struct rec_hdr h;
+	__u64 cgroup;  /* cgroup v2 id of current */
+	__u32 pid;     /* tgid of current */
+	__u16 dns_len; /* bytes of dns[] that follow */
+	__u8 flags;    /* enum rec_flags */
+	__u8 _pad;
 	__u8 comm[16];
-	struct tuple pkt;
-	struct ct ct;
-	struct ct winner; /* clash: the entry already in the table */
-	__u16 dns_len;    /* valid bytes in dns[] */
-	__u8 dns[DNS_CAP];
+	struct tuple t; /* the asking socket's view (original direction) */
+	/* followed by dns_len bytes of the DNS message */
+};
+
+struct rec_answer {
+	struct rec_hdr h;
+	__u16 dns_flags; /* the response's header flags (rcode in the low bits) */
+	__u8 _pad[6];
+};
+
+struct rec_event {
+	struct rec_hdr h;
+	__u64 location;   /* drop: address that freed the skb */
+	__u64 ct_after;   /* merged: the entry the skb carries on return */
+	__u64 winner_qid; /* the winner's query, when the maps know it */
+	__u32 reason;     /* drop: enum skb_drop_reason (0 before 5.17) */
+	__u16 dns_len;    /* bytes of dns[] that follow (unmatched answers) */
+	__u8 kind;        /* enum ev_kind */
+	__u8 flags;       /* enum rec_flags */
+	struct tuple pkt; /* the packet's IP/UDP header as the hook saw it */
+	struct ct ct;     /* the packet's entry (the loser, for a race) */
+	struct ct winner; /* the entry already in the table (RF_WINNER) */
+	/* followed by dns_len bytes of the DNS message */
 };
 
 /* Runtime filters, one read-only global set by the loader before load. */
 struct config {
-	__u16 port;  /* DNS port, host order (default 53) */
-	__u16 _pad;
-	__u32 netns; /* only this netns inode; 0 = every netns */
+	__u16 ports[MAX_PORTS]; /* DNS ports, host order; unused slots 0 */
+	__u32 netns;            /* only this netns inode; 0 = every netns */
+	__u32 wakeup_bytes;     /* wake the reader when this much is queued */
+	/* kmem_cache_free without a cache argument (before 6.1): the
+	 * nf_conntrack module's text, where its entries are freed */
+	__u64 ct_free_lo;
+	__u64 ct_free_hi;
+};
+
+/* Per-CPU counters, indexes of the stats map. Must match event.Stat*. */
+enum dnsrace_stat {
+	STAT_RING_LOST = 0,     /* records the ring buffer had no room for */
+	STAT_FLOWS_NEW = 1,     /* flows inserted (queries first seen) */
+	STAT_FLOWS_ANSWERED = 2, /* flows deleted because answered */
+	STAT_MAX = 3,
 };
 
 #endif /* DNSRACE_H */

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/pflag"
 
+	"github.com/dnsrace/dnsrace/internal/benchplot"
 	"github.com/dnsrace/dnsrace/internal/lab"
 )
 
@@ -31,7 +33,7 @@ Commands:
   up         build a lab and leave it standing (for dnsrace trace)
   down       tear a standing lab down (also cleans up after a crash)
   bench      run scenarios repeatedly; JSON for comparing kernels
-  compare    compare two bench files
+  compare    compare bench files side by side, and plot them
   scenarios  list the scenarios and what each must show
 
 Examples:
@@ -40,7 +42,7 @@ Examples:
   sudo dnsrace lab up --scenario snat-port && sudo ip netns exec dnsrace-pod0 getent ahosts svc-00.lab.test.
   sudo dnsrace lab down
   sudo dnsrace lab bench --iterations 3 --json > $(uname -r).json
-  dnsrace lab compare 6.1.json 6.18.json
+  dnsrace lab compare 6.1.json 6.18.json --plot kernels.png
 `
 
 func runLab(ctx context.Context, args []string) error {
@@ -259,6 +261,9 @@ func labUp(args []string) error {
 		return err
 	}
 	fmt.Printf("lab %q is up (scenario %s): node %s, dns %s, pods %s..%s\n", t.Prefix, sc.Name, t.NodeNS(), t.DNSNS(), t.PodNS(0), t.PodNS(t.Pods-1))
+	if t.LocalNAT {
+		fmt.Printf("NAT and conntrack are in each pod's own namespace; the node only routes\n")
+	}
 	fmt.Printf("try:  ip netns exec %s getent ahosts %s\n", t.PodNS(0), lab.QName(0))
 	fmt.Printf("done: dnsrace lab down --prefix %s\n", t.Prefix)
 	return nil
@@ -282,6 +287,7 @@ func labBench(ctx context.Context, args []string) error {
 	iterations := fs.Int("iterations", 1, "runs per scenario")
 	duration := fs.Duration("duration", 0, "per-run duration (default: each scenario's)")
 	prefix := fs.String("prefix", "dnsrace", "name prefix of the lab's namespaces")
+	resolver := fs.String("resolver", "", "resolver for the scenarios that use glibc: "+strings.Join(lab.Resolvers, ", ")+" (default glibc; under emulation glibc is too slow to race)")
 	asJSON := fs.Bool("json", false, "print the result as JSON (documented in README)")
 	if err := parseFlags(fs, args, "Usage: dnsrace lab bench [flags]\n\nRun scenarios repeatedly and report race, drop, resolve, loss and stall rates\nand latency per scenario: a kernel-regression benchmark.\n\n"); err != nil {
 		return err
@@ -293,10 +299,13 @@ func labBench(ctx context.Context, args []string) error {
 	if *iterations < 1 {
 		return usagef("--iterations must be at least 1")
 	}
+	if *resolver != "" && !contains(lab.Resolvers, *resolver) {
+		return usagef("unknown resolver %q (want %s)", *resolver, strings.Join(lab.Resolvers, ", "))
+	}
 	if err := requireRoot("dnsrace lab bench"); err != nil {
 		return err
 	}
-	res, err := lab.Bench(ctx, lab.BenchConfig{Prefix: *prefix, Scenarios: scs, Iterations: *iterations, Duration: *duration, Progress: os.Stderr})
+	res, err := lab.Bench(ctx, lab.BenchConfig{Prefix: *prefix, Scenarios: scs, Iterations: *iterations, Duration: *duration, Resolver: *resolver, Progress: os.Stderr})
 	if err != nil {
 		return err
 	}
@@ -314,23 +323,54 @@ func labBench(ctx context.Context, args []string) error {
 	return tw.Flush()
 }
 
+const labCompareUsage = `Usage: dnsrace lab compare A.json B.json [C.json ...] [--plot FILE.svg|png]
+
+Print the rates and latencies of 'lab bench --json' files side by side, and
+the change from the first file to the last. With --plot, also draw them:
+each scenario's lookup latency CDF on a log time axis (bench format 2) and
+the race, loss and stall rates, one colour per file.
+
+`
+
 func labCompare(args []string) error {
 	fs := pflag.NewFlagSet("lab compare", pflag.ContinueOnError)
-	if err := parseFlags(fs, nil, ""); err != nil {
-		return err
+	plotFile := fs.String("plot", "", "also draw the files to this .svg or .png file")
+	fs.Usage = func() {
+		fmt.Fprint(os.Stderr, labCompareUsage)
+		fs.PrintDefaults()
 	}
-	if len(args) != 2 {
-		return usagef("usage: dnsrace lab compare A.json B.json")
-	}
-	a, err := lab.ReadBench(args[0])
-	if err != nil {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return exitCodeError{0}
+		}
 		return usageError{err}
 	}
-	b, err := lab.ReadBench(args[1])
-	if err != nil {
-		return usageError{err}
+	files := fs.Args()
+	if len(files) < 2 {
+		return usagef("usage: dnsrace lab compare A.json B.json [C.json ...] [--plot FILE.svg|png]")
 	}
-	lab.Compare(os.Stdout, a, b)
+	if *plotFile != "" {
+		if ext := strings.ToLower(filepath.Ext(*plotFile)); ext != ".svg" && ext != ".png" {
+			return usagef("--plot %s: want a .svg or .png file name", *plotFile)
+		}
+	}
+	var results []*lab.BenchResult
+	var inputs []benchplot.Input
+	for _, f := range files {
+		r, err := lab.ReadBench(f)
+		if err != nil {
+			return usageError{err}
+		}
+		results = append(results, r)
+		inputs = append(inputs, benchplot.Input{Name: f, Result: r})
+	}
+	lab.Compare(os.Stdout, results...)
+	if *plotFile != "" {
+		if err := benchplot.WriteFile(*plotFile, inputs); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "wrote %s\n", *plotFile)
+	}
 	return nil
 }
 

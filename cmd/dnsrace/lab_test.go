@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"image"
+	_ "image/png"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dnsrace/dnsrace/internal/ctstats"
 	"github.com/dnsrace/dnsrace/internal/lab"
 	"github.com/dnsrace/dnsrace/internal/nsutil"
 	"github.com/dnsrace/dnsrace/internal/testutil"
@@ -71,6 +74,7 @@ func TestLabBadInput(t *testing.T) {
 		{"lab", "run"},
 		{"lab", "run", "--scenario", "snat-port", "--no-such-flag"},
 		{"lab", "bench", "--iterations", "0"},
+		{"lab", "bench", "--resolver", "bind9"},
 		{"lab", "frobnicate"},
 	}
 	for _, args := range cases {
@@ -122,48 +126,110 @@ func TestLabUpTwiceAndDown(t *testing.T) {
 
 func TestLabInterruptLeavesNothing(t *testing.T) {
 	testutil.RequireRoot(t)
-	const prefix = "dnsrace-e2"
-	defer assertClean(t, prefix)
-	cmd := exec.Command(dnsraceBin, "lab", "run", "--scenario", "snat-port", "--duration", "60s", "--prefix", prefix)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	// Interrupt mid-run, while getent processes are in flight.
-	deadline := time.Now().Add(30 * time.Second)
-	for !nsutil.Exists(prefix+"-pod0") && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	time.Sleep(3 * time.Second)
-	_ = cmd.Process.Signal(syscall.SIGINT)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Errorf("interrupted run exited 0")
-		}
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Fatal("lab run did not exit within 30s of SIGINT")
+	// snat-port NATs on the node; local-out-snat in every pod's namespace.
+	for _, sc := range []string{"snat-port", "local-out-snat"} {
+		t.Run(sc, func(t *testing.T) {
+			const prefix = "dnsrace-e2"
+			defer assertClean(t, prefix)
+			cmd := exec.Command(dnsraceBin, "lab", "run", "--scenario", sc, "--duration", "60s", "--prefix", prefix)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// Interrupt mid-run, while lookups are in flight.
+			deadline := time.Now().Add(30 * time.Second)
+			for !nsutil.Exists(prefix+"-pod0") && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Millisecond)
+			}
+			time.Sleep(3 * time.Second)
+			_ = cmd.Process.Signal(syscall.SIGINT)
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Errorf("interrupted run exited 0")
+				}
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				t.Fatal("lab run did not exit within 30s of SIGINT")
+			}
+		})
 	}
 }
 
 func TestLabFailedStepLeavesNothing(t *testing.T) {
 	testutil.RequireRoot(t)
 	const prefix = "dnsrace-e3"
-	for _, step := range []string{"namespaces", "links", "sysctls", "rules", "resolv.conf", "servers"} {
-		r := runBin(t, 60*time.Second, "lab", "run", "--scenario", "snat-port", "--prefix", prefix, "--fail-at-step", step)
-		if r.code == 0 || !strings.Contains(r.stderr, "injected failure") {
-			t.Errorf("step %s: exit %d, stderr %q", step, r.code, r.stderr)
+	// local-out-snat puts NAT rules and conntrack in every pod's namespace.
+	for _, sc := range []string{"snat-port", "local-out-snat"} {
+		for _, step := range []string{"namespaces", "links", "sysctls", "rules", "resolv.conf", "servers"} {
+			r := runBin(t, 60*time.Second, "lab", "run", "--scenario", sc, "--prefix", prefix, "--fail-at-step", step)
+			if r.code == 0 || !strings.Contains(r.stderr, "injected failure") {
+				t.Errorf("%s, step %s: exit %d, stderr %q", sc, step, r.code, r.stderr)
+			}
+			assertClean(t, prefix)
+		}
+		// The same for a standing lab, failing once every rule is in.
+		r := runBin(t, 60*time.Second, "lab", "up", "--scenario", sc, "--prefix", prefix, "--fail-at-step", "resolv.conf")
+		if r.code == 0 {
+			t.Errorf("%s: lab up with a failing step exited 0", sc)
 		}
 		assertClean(t, prefix)
 	}
-	// The same for a standing lab.
-	r := runBin(t, 60*time.Second, "lab", "up", "--scenario", "snat-port", "--prefix", prefix, "--fail-at-step", "rules")
-	if r.code == 0 {
-		t.Errorf("lab up with a failing step exited 0")
+}
+
+// TestLabNATLayouts: a standing lab of each layout answers a real glibc
+// lookup, and conntrack entries appear where the scenario says the NAT is
+// (the node, or the pod's own namespace) and nowhere else.
+func TestLabNATLayouts(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, tc := range []struct {
+		scenario string
+		localNAT bool
+	}{
+		{"target-port", false}, // backends on 5353 behind the VIP's 53
+		{"local-out", true},
+		{"local-out-snat", true},
+	} {
+		t.Run(tc.scenario, func(t *testing.T) {
+			const prefix = "dnsrace-e7"
+			defer assertClean(t, prefix)
+			if r := runBin(t, 60*time.Second, "lab", "up", "--scenario", tc.scenario, "--prefix", prefix); r.code != 0 {
+				t.Fatalf("lab up: exit %d: %s", r.code, r.stderr)
+			}
+			defer func() {
+				if r := runBin(t, 60*time.Second, "lab", "down", "--prefix", prefix); r.code != 0 {
+					t.Errorf("lab down: exit %d: %s", r.code, r.stderr)
+				}
+			}()
+			entries := func(ns string) uint32 {
+				st, err := ctstats.Read(nsutil.Path(ns))
+				if err != nil {
+					t.Fatalf("reading conntrack of %s: %v", ns, err)
+				}
+				return st.Entries
+			}
+			// These scenarios time UDP entries out after 1 s: read the
+			// counts right after a lookup, and look again if a slow moment
+			// let them expire.
+			var node, pod uint32
+			for try := 0; try < 5; try++ {
+				out, err := exec.Command(dnsraceBin, nsutil.ExecHelperArg, prefix+"-pod0", "--", "getent", "ahosts", lab.QName(0)).CombinedOutput()
+				if err != nil || !strings.Contains(string(out), "192.0.2.53") {
+					t.Fatalf("lookup in the standing lab: %v: %s", err, out)
+				}
+				if node, pod = entries(prefix+"-node"), entries(prefix+"-pod0"); node+pod > 0 {
+					break
+				}
+			}
+			if tc.localNAT && (pod == 0 || node != 0) {
+				t.Errorf("NAT in the pod: conntrack entries node %d, pod %d; want 0 and > 0", node, pod)
+			}
+			if !tc.localNAT && (node == 0 || pod != 0) {
+				t.Errorf("NAT on the node: conntrack entries node %d, pod %d; want > 0 and 0", node, pod)
+			}
+		})
 	}
-	assertClean(t, prefix)
 }
 
 func TestLabClientCrashLeavesNothing(t *testing.T) {
@@ -216,5 +282,46 @@ func TestLabDownLeavesOtherLabs(t *testing.T) {
 	}
 	if r := runBin(t, 60*time.Second, "lab", "down", "--prefix", b); r.code != 0 {
 		t.Fatalf("lab down %s: %s", b, r.stderr)
+	}
+}
+
+// TestLabComparePlot runs `lab compare --plot` on two bench files (format 2
+// and format 1): the table has a column per file, the PNG decodes, and a
+// bad plot name is a usage error.
+func TestLabComparePlot(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a.json")
+	b := filepath.Join(dir, "b.json")
+	if err := os.WriteFile(a, []byte(`{"version":2,"kernel":"6.18.44","cpus":2,"scenarios":[{"name":"snat-port","resolver":"glibc","stall_rate":0.1,
+		"latency":{"p50_ms":1,"histogram":{"le_ms":[0.5,1,5012],"count":[10,80,10]}}}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b, []byte(`{"version":1,"kernel":"6.1.0-57-cloud-amd64","cpus":2,"scenarios":[{"name":"snat-port","stall_rate":0.2,"latency":{"p50_ms":2}}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	png := filepath.Join(dir, "cmp.png")
+	r := runBin(t, 30*time.Second, "lab", "compare", a, b, "--plot", png)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "6.18.44") || !strings.Contains(r.stdout, "6.1.0-57-cloud-amd64") || !strings.Contains(r.stdout, "+100%") {
+		t.Errorf("table:\n%s", r.stdout)
+	}
+	f, err := os.Open(png)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, format, err := image.Decode(f); err != nil || format != "png" {
+		t.Errorf("plot: %v, format %q", err, format)
+	}
+	for _, args := range [][]string{
+		{"lab", "compare", a, b, "--plot", filepath.Join(dir, "cmp.pdf")},
+		{"lab", "compare", a},
+		{"lab", "compare", a, filepath.Join(dir, "missing.json")},
+	} {
+		if r := runBin(t, 30*time.Second, args...); r.code != 2 {
+			t.Errorf("%v: exit %d, want 2 (stderr %q)", args, r.code, r.stderr)
+		}
 	}
 }

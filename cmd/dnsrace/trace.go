@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,20 +37,30 @@ func init() {
 
 const traceUsage = `Usage: dnsrace trace [flags]
 
-Attach eBPF programs to conntrack confirm, skb drop and packet tracepoints,
-follow every DNS query to its answer, drop or retry, and print one line per
-stall with its cause: insert_race (same_tuple or reply_clash, and the flow
-that won), clash_resolved, table_full, rule_drop, reply_unmatched,
-rcvbuf_full, no_reply, local_drop. At the end (--duration, Ctrl-C or
-SIGTERM) the attributed packets are reconciled with the kernel's own
-per-CPU conntrack counters; SIGUSR1 prints that reconciliation so far
-(a "checkpoint") without stopping.
+Follow every DNS query on this node to its answer, drop or retry, and
+explain each lookup that stalled: a headline (time, cause, stall, pod,
+question) and details (the lost packets with the kernel's drop reason, the
+A/AAAA sibling, the flow that won the race). Causes: insert_race
+(same_tuple or reply_clash, with the winner), table_full, rule_drop,
+reply_unmatched, rcvbuf_full, no_reply, local_drop; races the kernel
+rescued (clash_resolved) are summed up per pod every 10 s.
+
+eBPF in the kernel follows each query by its first sight (its send, or the
+first device that carries it) and its conntrack entry afterwards, so NAT
+rewriting ports does not lose it; only what needs explaining reaches user
+space. Tiers: fentry, else kprobe, for the conntrack confirm/clash, send
+and delivery hooks; where neither attaches, tracepoints alone.
+
+At the end (--duration, Ctrl-C or SIGTERM) what was explained is
+reconciled with the kernel's own per-CPU conntrack counters; SIGUSR1
+prints that reconciliation so far (a "checkpoint") without stopping.
 
 Examples:
   sudo dnsrace trace
   sudo dnsrace trace --duration 10m --json > stalls.jsonl
   sudo dnsrace trace --list-probes
   sudo dnsrace trace --attach tracepoint --netns /run/netns/dnsrace-node
+  sudo dnsrace trace --port 53,5353   # clients that also query a server on 5353
   sudo dnsrace trace --kernel-btf /var/lib/btf/$(uname -r).btf
   sudo dnsrace trace --pcap stalls.pcapng --metrics-addr :9153
   sudo dnsrace trace --json --output-file /var/log/dnsrace.jsonl --output-max-size 100M
@@ -57,32 +70,34 @@ Flags:
 `
 
 type traceFlags struct {
-	attach     string
-	listProbes bool
-	kernelBTF  string
-	port       uint16
-	netns      string
-	duration   time.Duration
-	json       bool
-	readyFile  string
-	ringSize   uint32
-	procRoot   string
-	root       string
-	pods       bool
-	pcap       string
-	metrics    string
-	podLabels  bool
-	maxPods    int
-	outFile    string
-	outMax     byteSize
-	progress   string
+	attach       string
+	listProbes   bool
+	kernelBTF    string
+	ports        []uint
+	netns        string
+	duration     time.Duration
+	json         bool
+	readyFile    string
+	ringSize     uint32
+	procRoot     string
+	root         string
+	pods         bool
+	pcap         string
+	metrics      string
+	podLabels    bool
+	maxPods      int
+	outFile      string
+	outMax       byteSize
+	progress     string
+	showResolved bool
+	cpuProfile   string
 }
 
 func (f *traceFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.attach, "attach", "auto", "attach tier for the conntrack and send hooks: auto, fentry, kprobe or tracepoint")
+	fs.StringVar(&f.attach, "attach", "auto", "attach tier: auto (fentry, else kprobe, else tracepoints alone), fentry, kprobe or tracepoint")
 	fs.BoolVar(&f.listProbes, "list-probes", false, "print each hook's attach tier and why, then exit")
 	fs.StringVar(&f.kernelBTF, "kernel-btf", "", "BTF file for kernels without /sys/kernel/btf/vmlinux")
-	fs.Uint16Var(&f.port, "port", 53, "DNS port to trace (filtered in the kernel)")
+	fs.UintSliceVar(&f.ports, "port", []uint{53}, "DNS ports a query is recognised by at first sight, comma separated (at most 8; filtered in the kernel; NAT may rewrite them later)")
 	fs.StringVar(&f.netns, "netns", "", "trace only this network namespace (a path like /run/netns/NAME or /proc/PID/ns/net, or an inode number)")
 	fs.DurationVar(&f.duration, "duration", 0, "stop after this long and print the summary (default: until Ctrl-C)")
 	fs.BoolVar(&f.json, "json", false, "write JSON Lines: one object per incident, then a summary object")
@@ -98,6 +113,9 @@ func (f *traceFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.outFile, "output-file", "", "write incidents and the summary to this file instead of stdout")
 	fs.Var(&f.outMax, "output-max-size", "rotate --output-file once to FILE.1 when it would grow past this size (e.g. 100M; 0: no limit)")
 	fs.StringVar(&f.progress, "progress", "auto", "progress line on stderr: auto (when stderr is a terminal), always or never")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the tracer to this file (for tuning)")
+	_ = fs.MarkHidden("cpuprofile")
+	fs.BoolVar(&f.showResolved, "show-resolved", false, "list every race the kernel rescued (text output; by default they are summed up per pod every 10 s)")
 }
 
 // byteSize is a size flag: a number of bytes with an optional K, M or G
@@ -121,6 +139,9 @@ func (b *byteSize) Set(s string) error {
 	if err != nil || n < 0 {
 		return fmt.Errorf("want a size like 4096, 512K, 100M or 1G, got %q", s)
 	}
+	if n > math.MaxInt64/mult {
+		return fmt.Errorf("size %q is too large", s)
+	}
 	*b = byteSize(n * mult)
 	return nil
 }
@@ -128,10 +149,15 @@ func (b *byteSize) Set(s string) error {
 // probeOptions checks the flags and the machine and returns probe options.
 func (f *traceFlags) probeOptions() (probe.Options, error) {
 	var o probe.Options
-	if f.port == 0 {
-		return o, usagef("--port must be 1-65535")
+	if len(f.ports) == 0 || len(f.ports) > probe.MaxPorts {
+		return o, usagef("--port: want 1 to %d ports", probe.MaxPorts)
 	}
-	o.Port = f.port
+	for _, p := range f.ports {
+		if p == 0 || p > 65535 {
+			return o, usagef("--port %d: want 1-65535", p)
+		}
+		o.Ports = append(o.Ports, uint16(p))
+	}
 	if f.attach != "auto" {
 		t, err := event.ParseTier(f.attach)
 		if err != nil {
@@ -162,6 +188,60 @@ func (f *traceFlags) probeOptions() (probe.Options, error) {
 		return o, errors.New("this kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): dnsrace needs CONFIG_DEBUG_INFO_BTF=y, or pass --kernel-btf FILE with this kernel's BTF")
 	}
 	return o, nil
+}
+
+// hookLabel is a hook's short name on the tracing line (--list-probes
+// shows the kernel's names).
+var hookLabel = map[string]string{
+	"nf_conntrack_confirm": "confirm", "nf_ct_resolve_clash": "clash", "skb_consume_udp": "deliver",
+	"udp_sendmsg": "send", "udpv6_sendmsg": "send6", "net_dev_queue": "xmit", "netif_receive_skb": "recv",
+	"skb_copy_datagram_iovec": "copy", "kfree_skb": "drop", "kmem_cache_free": "ct-free", "udp_fail_queue_rcv_skb": "rcvbuf",
+}
+
+// tracingLine says, right after start, what is traced and that dnsrace is
+// waiting: on a quiet node it is the only line for a long time. It fits a
+// terminal line.
+func tracingLine(probes []probe.ProbeInfo, ports []uint, netns uint32) string {
+	byTier := map[string][]string{}
+	var tiers []string
+	for _, p := range probes {
+		if !p.Attached {
+			continue
+		}
+		t := p.Tier.String()
+		if byTier[t] == nil {
+			tiers = append(tiers, t)
+		}
+		label := hookLabel[p.Hook]
+		if label == "" {
+			label = p.Hook
+		}
+		byTier[t] = append(byTier[t], label)
+	}
+	var hooks []string
+	for _, t := range tiers {
+		hooks = append(hooks, t+": "+strings.Join(byTier[t], " "))
+	}
+	where := "every netns"
+	if netns != 0 {
+		where = fmt.Sprintf("netns %d only", netns)
+	}
+	return fmt.Sprintf("dnsrace: tracing DNS port %s, %s (%s); waiting for stalls, Ctrl-C to stop",
+		joinPorts(ports), where, strings.Join(hooks, "; "))
+}
+
+// progressLine is the progress line's text.
+func progressLine(since time.Duration, l trace.Live) string {
+	return fmt.Sprintf("tracing %s: %d DNS queries (%d answered, %d waiting), %d stalls, %d races rescued; %d records read, %d lost",
+		since.Truncate(time.Second), l.Queries, l.Answered, l.InFlight, l.Stalls, l.Rescued, l.Events, l.EventsLost)
+}
+
+func joinPorts(ps []uint) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = strconv.FormatUint(uint64(p), 10)
+	}
+	return strings.Join(s, ",")
 }
 
 // traceMemoryLimit is the soft heap limit of dnsrace trace.
@@ -218,15 +298,18 @@ func runTrace(ctx context.Context, args []string) error {
 		fmt.Fprintln(os.Stderr, "warning: "+w)
 	}
 
-	var out io.Writer = os.Stdout
+	// Output errors (a full disk, a closed pipe) must not pass silently:
+	// the first is reported on one line and the summary goes to stderr.
+	output := &outputWriter{w: os.Stdout, name: "stdout", report: os.Stderr}
 	if f.outFile != "" {
 		rf, err := openRotating(f.outFile, int64(f.outMax))
 		if err != nil {
 			return err
 		}
 		defer rf.Close()
-		out = rf
+		output.w, output.name = rf, f.outFile
 	}
+	var out io.Writer = output
 	var prog *progress
 	if f.progress == "always" || (f.progress == "auto" && isTerminal(os.Stderr)) {
 		prog = &progress{w: os.Stderr, started: time.Now()}
@@ -236,6 +319,16 @@ func runTrace(ctx context.Context, args []string) error {
 		}
 	}
 
+	if f.cpuProfile != "" {
+		pf, err := os.Create(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); pf.Close() }()
+	}
 	var sess atomic.Pointer[trace.Session]
 	var m *metrics.Metrics
 	if f.metrics != "" {
@@ -258,19 +351,21 @@ func runTrace(ctx context.Context, args []string) error {
 			}
 		}()
 	}
-	topts := trace.Options{Probe: opts, Out: out, JSON: f.json, ReadyFile: f.readyFile, ProcRoot: f.procRoot}
+	topts := trace.Options{Probe: opts, Out: out, JSON: f.json, ReadyFile: f.readyFile, ProcRoot: f.procRoot, ShowResolved: f.showResolved}
 	if f.pods && !f.listProbes {
 		topts.Pods = podinfo.New(podinfo.Config{ProcRoot: f.procRoot, Root: f.root})
 	}
-	pcapFailed := false
+	// A failed pcap write is reported and counted, and the next incident
+	// is tried again: one odd incident must not end the capture.
+	var pcapErrors atomic.Uint64
 	topts.OnIncident = func(inc *correlate.Incident) {
 		if m != nil {
 			m.Observe(inc)
 		}
-		if pw != nil && !pcapFailed {
+		if pw != nil {
 			if err := pw.WriteIncident(inc); err != nil {
-				pcapFailed = true
-				fmt.Fprintln(os.Stderr, "dnsrace trace: "+err.Error()+" (no more packets written)")
+				pcapErrors.Add(1)
+				fmt.Fprintf(os.Stderr, "dnsrace trace: pcap: incident %d not written: %v\n", inc.ID, err)
 			}
 		}
 	}
@@ -285,13 +380,7 @@ func runTrace(ctx context.Context, args []string) error {
 		return nil
 	}
 	if !f.json {
-		var tiers []string
-		for _, p := range s.Probes() {
-			if p.Attached {
-				tiers = append(tiers, p.Hook+"="+p.Tier.String())
-			}
-		}
-		fmt.Fprintf(os.Stderr, "tracing DNS on port %d (%s); Ctrl-C to stop\n", f.port, strings.Join(tiers, " "))
+		fmt.Fprintln(os.Stderr, tracingLine(s.Probes(), f.ports, opts.NetNS))
 	}
 	if f.duration > 0 {
 		var cancel context.CancelFunc
@@ -305,6 +394,7 @@ func runTrace(ctx context.Context, args []string) error {
 	go func() {
 		for range usr1 {
 			if cp := s.Checkpoint(); cp != nil {
+				cp.PcapErrors = pcapErrors.Load()
 				trace.WriteSummary(out, cp, f.json)
 			}
 		}
@@ -315,8 +405,54 @@ func runTrace(ctx context.Context, args []string) error {
 		<-ctx.Done()
 	}
 	sum := s.Stop()
-	trace.WriteSummary(out, sum, f.json)
+	sum.PcapErrors = pcapErrors.Load()
+	if output.Err() == nil {
+		trace.WriteSummary(out, sum, f.json)
+	}
+	if output.Err() != nil {
+		trace.WriteSummary(os.Stderr, sum, f.json)
+		return exitCodeError{1} // the error itself is already on stderr
+	}
 	return nil
+}
+
+// outputWriter is where incidents and the summary go. It remembers the
+// first write error and reports it on one line to report; after it,
+// nothing more is written to w (a line cut off by a full disk stays the
+// last one) and Write fails at once.
+type outputWriter struct {
+	mu     sync.Mutex
+	w      io.Writer
+	name   string // "stdout" or the --output-file path
+	report io.Writer
+	err    error
+}
+
+func (o *outputWriter) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.err != nil {
+		return 0, o.err
+	}
+	n, err := o.w.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		o.err = err
+		if pe, ok := err.(*fs.PathError); ok {
+			err = pe.Err // "write PATH: ...": the path is the name already
+		}
+		fmt.Fprintf(o.report, "dnsrace trace: writing %s: %v (nothing more is written there; the summary goes to stderr)\n", o.name, err)
+	}
+	return n, o.err
+}
+
+// Err returns the first write error, or nil.
+func (o *outputWriter) Err() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.err
 }
 
 // checkOutputFlags validates the output, progress and metrics flags.
@@ -453,9 +589,7 @@ func (p *progress) run(ctx context.Context, s *trace.Session) {
 			p.mu.Unlock()
 			return
 		case <-t.C:
-			l := s.Live()
-			line := fmt.Sprintf("tracing %s: %d queries, %d incidents, %d events, %d lost",
-				time.Since(p.started).Truncate(time.Second), l.Queries, l.Incidents, l.Events, l.EventsLost)
+			line := progressLine(time.Since(p.started), s.Live())
 			p.mu.Lock()
 			p.last = line
 			fmt.Fprintf(p.w, "\r\033[K%s", line)

@@ -172,34 +172,7 @@ func TestTraceBinaryKubernetes(t *testing.T) {
 	}
 	defer runBin(t, 60*time.Second, "lab", "down", "--prefix", prefix)
 
-	// A node-like root: the kubelet's log folders, and sys/fs/cgroup
-	// pointing at the real cgroup v2 mount.
-	root := t.TempDir()
-	cgRoot := podinfo.New(podinfo.Config{}).CgroupRoot()
-	if err := os.MkdirAll(filepath.Join(root, "sys/fs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(cgRoot, filepath.Join(root, "sys/fs/cgroup")); err != nil {
-		t.Fatal(err)
-	}
-	node, err := podtest.NewNode(cgRoot, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pause := exec.Command(dnsraceBin, nsutil.ExecHelperArg, prefix+"-pod0", "--", "sleep", "600")
-	if err := pause.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = pause.Process.Kill()
-		_ = pause.Wait()
-		if err := node.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
-	if _, err := node.AddPod("shop", "checkout-7f9c", "app", pause.Process.Pid); err != nil {
-		t.Fatal(err)
-	}
+	root := kubeletPod(t, prefix+"-pod0")
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -344,7 +317,7 @@ func TestTraceProgress(t *testing.T) {
 	s := string(out)
 	draw := strings.Index(s, "\r\x1b[Ktracing ")
 	sum := strings.Index(s, "summary after")
-	if draw < 0 || sum < draw || !strings.Contains(s, " queries, ") || !strings.Contains(s, " lost") {
+	if draw < 0 || sum < draw || !strings.Contains(s, " DNS queries (") || !strings.Contains(s, " lost") {
 		t.Errorf("no progress line before the summary on a pty:\n%q", s)
 	}
 	if lastDraw, clear := strings.LastIndex(s[:sum], "\r\x1b[Ktracing "), strings.LastIndex(s[:sum], "\r\x1b[K"); clear <= lastDraw {
@@ -354,4 +327,40 @@ func TestTraceProgress(t *testing.T) {
 	if r.code != 0 || strings.Contains(r.stderr, "\x1b[K") || !strings.Contains(r.stdout, "summary after") {
 		t.Errorf("piped: exit %d, stderr %q, stdout %q", r.code, r.stderr, r.stdout)
 	}
+}
+
+// kubeletPod makes netns look like a kubelet pod shop/checkout-7f9c
+// (container app) on a node-like root it returns: a long-lived process in
+// the namespace, in a kubelet-named cgroup, the kubelet's log folders under
+// the root, and root/sys/fs/cgroup pointing at the real cgroup v2 mount.
+// Everything goes when the test ends.
+func kubeletPod(t *testing.T, netns string) string {
+	t.Helper()
+	root := t.TempDir()
+	cgRoot := podinfo.New(podinfo.Config{}).CgroupRoot()
+	if err := os.MkdirAll(filepath.Join(root, "sys/fs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(cgRoot, filepath.Join(root, "sys/fs/cgroup")); err != nil {
+		t.Fatal(err)
+	}
+	node, err := podtest.NewNode(cgRoot, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pause := exec.Command(dnsraceBin, nsutil.ExecHelperArg, netns, "--", "sleep", "600")
+	if err := pause.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = pause.Process.Kill()
+		_ = pause.Wait()
+		if err := node.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	if _, err := node.AddPod("shop", "checkout-7f9c", "app", pause.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	return root
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +20,7 @@ import (
 
 // waitReady waits up to 30 s for the tracer's --ready-file; it kills the
 // tracer and fails the test when the file does not come.
-func waitReady(t *testing.T, tr *exec.Cmd, ready string, stderr *bytes.Buffer) {
+func waitReady(t *testing.T, tr *exec.Cmd, ready string, stderr fmt.Stringer) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -13,11 +13,62 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type DnsraceConfig struct {
+type DnsraceAns struct {
+	_   structs.HostLayout
+	Qid uint64
+	Fk  DnsraceFlowKey
+}
+
+type DnsraceAnsKey struct {
 	_     structs.HostLayout
-	Port  uint16
-	Pad   uint16
 	Netns uint32
+	K     DnsraceFlowKey
+}
+
+type DnsraceAwaited struct {
+	_   structs.HostLayout
+	Qid uint64
+	Ts  uint64
+}
+
+type DnsraceClashSlot struct {
+	_      structs.HostLayout
+	Skb    uint64
+	Winner struct {
+		_      structs.HostLayout
+		Ptr    uint64
+		Status uint32
+		Pad    uint32
+		Orig   struct {
+			_      structs.HostLayout
+			Saddr  [16]uint8
+			Daddr  [16]uint8
+			Sport  uint16
+			Dport  uint16
+			Family uint8
+			Proto  uint8
+			Pad    [2]uint8
+		}
+		Reply struct {
+			_      structs.HostLayout
+			Saddr  [16]uint8
+			Daddr  [16]uint8
+			Sport  uint16
+			Dport  uint16
+			Family uint8
+			Proto  uint8
+			Pad    [2]uint8
+		}
+	}
+}
+
+type DnsraceConfig struct {
+	_           structs.HostLayout
+	Ports       [8]uint16
+	Netns       uint32
+	WakeupBytes uint32
+	CtFreeLo    uint64
+	CtFreeHi    uint64
 }
 
 type DnsraceConfirmStack struct {
@@ -29,27 +80,165 @@ type DnsraceConfirmStack struct {
 		Skb   uint64
 		Valid uint32
 		Pad   uint32
-		Ev    DnsraceEvent
+		Pc    DnsracePendingConfirm
 	}
 }
 
-type DnsraceEvent struct {
+type DnsraceCtRef struct {
+	_   structs.HostLayout
+	Ct  uint64
+	Qid uint64
+}
+
+type DnsraceCtTupleKey struct {
+	_     structs.HostLayout
+	Netns uint32
+	Dir   uint32
+	T     struct {
+		_      structs.HostLayout
+		Saddr  [16]uint8
+		Daddr  [16]uint8
+		Sport  uint16
+		Dport  uint16
+		Family uint8
+		Proto  uint8
+		Pad    [2]uint8
+	}
+}
+
+type DnsraceCtmark struct {
+	_     structs.HostLayout
+	Qid   uint64
+	Flags uint32
+	Pad   uint32
+	Orig  struct {
+		_      structs.HostLayout
+		Saddr  [16]uint8
+		Daddr  [16]uint8
+		Sport  uint16
+		Dport  uint16
+		Family uint8
+		Proto  uint8
+		Pad    [2]uint8
+	}
+}
+
+type DnsraceDnsraceStat uint32
+
+const (
+	DnsraceDnsraceStatSTAT_RING_LOST      DnsraceDnsraceStat = 0
+	DnsraceDnsraceStatSTAT_FLOWS_NEW      DnsraceDnsraceStat = 1
+	DnsraceDnsraceStatSTAT_FLOWS_ANSWERED DnsraceDnsraceStat = 2
+	DnsraceDnsraceStatSTAT_MAX            DnsraceDnsraceStat = 3
+)
+
+type DnsraceEvKind uint32
+
+const (
+	DnsraceEvKindEV_INVALID      DnsraceEvKind = 0
+	DnsraceEvKindEV_DROP         DnsraceEvKind = 1
+	DnsraceEvKindEV_CONFIRM_DROP DnsraceEvKind = 2
+	DnsraceEvKindEV_MERGED       DnsraceEvKind = 3
+	DnsraceEvKindEV_NAT_CLASH    DnsraceEvKind = 4
+	DnsraceEvKindEV_CT_FREED     DnsraceEvKind = 5
+	DnsraceEvKindEV_WINNER       DnsraceEvKind = 6
+	DnsraceEvKindEV_RCVBUF_FULL  DnsraceEvKind = 7
+	DnsraceEvKindEV_CT_NETNS     DnsraceEvKind = 8
+)
+
+type DnsraceEventBuf struct {
+	_   structs.HostLayout
+	R   DnsraceRecEvent
+	Dns [512]uint8
+}
+
+type DnsraceFlow struct {
+	_     structs.HostLayout
+	Qid   uint64
+	Ts    uint64
+	Skb   uint64
+	Netns uint32
+	Pad   uint32
+}
+
+type DnsraceFlowKey struct {
+	_      structs.HostLayout
+	Saddr  [16]uint8
+	Daddr  [16]uint8
+	Sport  uint16
+	Dport  uint16
+	Id     uint16
+	Family uint8
+	Pad    uint8
+}
+
+type DnsracePendingConfirm struct {
+	_     structs.HostLayout
+	Qid   uint64
+	Netns uint32
+	Pad   uint32
+	Pkt   struct {
+		_      structs.HostLayout
+		Saddr  [16]uint8
+		Daddr  [16]uint8
+		Sport  uint16
+		Dport  uint16
+		Family uint8
+		Proto  uint8
+		Pad    [2]uint8
+	}
+	Ct struct {
+		_      structs.HostLayout
+		Ptr    uint64
+		Status uint32
+		Pad    uint32
+		Orig   struct {
+			_      structs.HostLayout
+			Saddr  [16]uint8
+			Daddr  [16]uint8
+			Sport  uint16
+			Dport  uint16
+			Family uint8
+			Proto  uint8
+			Pad    [2]uint8
+		}
+		Reply struct {
+			_      structs.HostLayout
+			Saddr  [16]uint8
+			Daddr  [16]uint8
+			Sport  uint16
+			Dport  uint16
+			Family uint8
+			Proto  uint8
+			Pad    [2]uint8
+		}
+	}
+}
+
+type DnsraceQueryBuf struct {
+	_   structs.HostLayout
+	R   DnsraceRecQuery
+	Dns [512]uint8
+}
+
+type DnsraceRecAnswer struct {
 	_        structs.HostLayout
-	Ts       uint64
-	Skb      uint64
-	Cgroup   uint64
-	Location uint64
-	CtAfter  uint64
-	Netns    uint32
-	Ifindex  uint32
-	Pid      uint32
-	Reason   uint32
-	Verdict  int32
-	Cpu      uint16
-	Kind     uint8
-	Tier     uint8
-	Comm     [16]uint8
-	Pkt      struct {
+	H        DnsraceRecHdr
+	DnsFlags uint16
+	Pad      [6]uint8
+}
+
+type DnsraceRecEvent struct {
+	_         structs.HostLayout
+	H         DnsraceRecHdr
+	Location  uint64
+	CtAfter   uint64
+	WinnerQid uint64
+	Reason    uint32
+	DnsLen    uint16
+	Kind      uint8
+	Flags     uint8
+	Pkt       struct {
 		_      structs.HostLayout
 		Saddr  [16]uint8
 		Daddr  [16]uint8
@@ -111,24 +300,54 @@ type DnsraceEvent struct {
 			Pad    [2]uint8
 		}
 	}
-	DnsLen uint16
-	Dns    [272]uint8
-	_      [6]byte
 }
 
-type DnsraceKind uint32
+type DnsraceRecFlags uint32
 
 const (
-	DnsraceKindKIND_INVALID     DnsraceKind = 0
-	DnsraceKindKIND_SEND        DnsraceKind = 1
-	DnsraceKindKIND_XMIT        DnsraceKind = 2
-	DnsraceKindKIND_RECV        DnsraceKind = 3
-	DnsraceKindKIND_DELIVER     DnsraceKind = 4
-	DnsraceKindKIND_DROP        DnsraceKind = 5
-	DnsraceKindKIND_CONFIRM     DnsraceKind = 6
-	DnsraceKindKIND_CLASH       DnsraceKind = 7
-	DnsraceKindKIND_CT_FREE     DnsraceKind = 8
-	DnsraceKindKIND_RCVBUF_FULL DnsraceKind = 9
+	DnsraceRecFlagsRF_NO_SOCKET DnsraceRecFlags = 1
+	DnsraceRecFlagsRF_RESPONSE  DnsraceRecFlags = 2
+	DnsraceRecFlagsRF_WINNER    DnsraceRecFlags = 4
+)
+
+type DnsraceRecHdr struct {
+	_     structs.HostLayout
+	Ts    uint64
+	Qid   uint64
+	Netns uint32
+	Cpu   uint16
+	Type  uint8
+	Tier  uint8
+}
+
+type DnsraceRecQuery struct {
+	_      structs.HostLayout
+	H      DnsraceRecHdr
+	Cgroup uint64
+	Pid    uint32
+	DnsLen uint16
+	Flags  uint8
+	Pad    uint8
+	Comm   [16]uint8
+	T      struct {
+		_      structs.HostLayout
+		Saddr  [16]uint8
+		Daddr  [16]uint8
+		Sport  uint16
+		Dport  uint16
+		Family uint8
+		Proto  uint8
+		Pad    [2]uint8
+	}
+}
+
+type DnsraceRecType uint32
+
+const (
+	DnsraceRecTypeREC_INVALID DnsraceRecType = 0
+	DnsraceRecTypeREC_QUERY   DnsraceRecType = 1
+	DnsraceRecTypeREC_ANSWER  DnsraceRecType = 2
+	DnsraceRecTypeREC_EVENT   DnsraceRecType = 3
 )
 
 type DnsraceTier uint32
@@ -144,13 +363,23 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	DnsraceMapAnswers                 = "answers"
+	DnsraceMapClashSlot               = "clash_slot"
 	DnsraceMapConfirmEntry            = "confirm_entry"
+	DnsraceMapConfirmScratch          = "confirm_scratch"
 	DnsraceMapConfirmStack            = "confirm_stack"
 	DnsraceMapCtCachep                = "ct_cachep"
+	DnsraceMapCtNetns                 = "ct_netns"
+	DnsraceMapCtTuples                = "ct_tuples"
+	DnsraceMapCts                     = "cts"
+	DnsraceMapEventScratch            = "event_scratch"
 	DnsraceMapEvents                  = "events"
-	DnsraceMapLastCopied              = "last_copied"
-	DnsraceMapLost                    = "lost"
-	DnsraceMapScratch                 = "scratch"
+	DnsraceMapFlows                   = "flows"
+	DnsraceMapQidSeq                  = "qid_seq"
+	DnsraceMapQueryScratch            = "query_scratch"
+	DnsraceMapReplyPorts              = "reply_ports"
+	DnsraceMapStats                   = "stats"
+	DnsraceMapUnresolved              = "unresolved"
 	DnsraceProgFeNfConntrackConfirm   = "fe_nf_conntrack_confirm"
 	DnsraceProgFeNfCtResolveClash     = "fe_nf_ct_resolve_clash"
 	DnsraceProgFeSkbConsumeUdp        = "fe_skb_consume_udp"
@@ -167,14 +396,22 @@ const (
 	DnsraceProgTpKfreeSkbReason       = "tp_kfree_skb_reason"
 	DnsraceProgTpKfreeSkbRxSk         = "tp_kfree_skb_rx_sk"
 	DnsraceProgTpKmemCacheFree        = "tp_kmem_cache_free"
+	DnsraceProgTpKmemCacheFreeSite    = "tp_kmem_cache_free_site"
 	DnsraceProgTpNetDevQueue          = "tp_net_dev_queue"
 	DnsraceProgTpNetifReceiveSkb      = "tp_netif_receive_skb"
 	DnsraceProgTpSkbCopyDatagramIovec = "tp_skb_copy_datagram_iovec"
 	DnsraceProgTpUdpFailQueueRcvSkb   = "tp_udp_fail_queue_rcv_skb"
 	DnsraceProgTpUdpFailQueueRcvSkbSk = "tp_udp_fail_queue_rcv_skb_sk"
 	DnsraceVarCfg                     = "cfg"
+	DnsraceVarTrackCts                = "track_cts"
+	DnsraceVarUnusedAnswer            = "unused_answer"
+	DnsraceVarUnusedEvKind            = "unused_ev_kind"
 	DnsraceVarUnusedEvent             = "unused_event"
-	DnsraceVarUnusedKind              = "unused_kind"
+	DnsraceVarUnusedHdr               = "unused_hdr"
+	DnsraceVarUnusedQuery             = "unused_query"
+	DnsraceVarUnusedRecFlags          = "unused_rec_flags"
+	DnsraceVarUnusedRecType           = "unused_rec_type"
+	DnsraceVarUnusedStat              = "unused_stat"
 	DnsraceVarUnusedTier              = "unused_tier"
 )
 
@@ -236,6 +473,7 @@ type DnsraceProgramSpecs struct {
 	TpKfreeSkbReason       *ebpf.ProgramSpec `ebpf:"tp_kfree_skb_reason"`
 	TpKfreeSkbRxSk         *ebpf.ProgramSpec `ebpf:"tp_kfree_skb_rx_sk"`
 	TpKmemCacheFree        *ebpf.ProgramSpec `ebpf:"tp_kmem_cache_free"`
+	TpKmemCacheFreeSite    *ebpf.ProgramSpec `ebpf:"tp_kmem_cache_free_site"`
 	TpNetDevQueue          *ebpf.ProgramSpec `ebpf:"tp_net_dev_queue"`
 	TpNetifReceiveSkb      *ebpf.ProgramSpec `ebpf:"tp_netif_receive_skb"`
 	TpSkbCopyDatagramIovec *ebpf.ProgramSpec `ebpf:"tp_skb_copy_datagram_iovec"`
@@ -247,23 +485,40 @@ type DnsraceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type DnsraceMapSpecs struct {
-	ConfirmEntry *ebpf.MapSpec `ebpf:"confirm_entry"`
-	ConfirmStack *ebpf.MapSpec `ebpf:"confirm_stack"`
-	CtCachep     *ebpf.MapSpec `ebpf:"ct_cachep"`
-	Events       *ebpf.MapSpec `ebpf:"events"`
-	LastCopied   *ebpf.MapSpec `ebpf:"last_copied"`
-	Lost         *ebpf.MapSpec `ebpf:"lost"`
-	Scratch      *ebpf.MapSpec `ebpf:"scratch"`
+	Answers        *ebpf.MapSpec `ebpf:"answers"`
+	ClashSlot      *ebpf.MapSpec `ebpf:"clash_slot"`
+	ConfirmEntry   *ebpf.MapSpec `ebpf:"confirm_entry"`
+	ConfirmScratch *ebpf.MapSpec `ebpf:"confirm_scratch"`
+	ConfirmStack   *ebpf.MapSpec `ebpf:"confirm_stack"`
+	CtCachep       *ebpf.MapSpec `ebpf:"ct_cachep"`
+	CtNetns        *ebpf.MapSpec `ebpf:"ct_netns"`
+	CtTuples       *ebpf.MapSpec `ebpf:"ct_tuples"`
+	Cts            *ebpf.MapSpec `ebpf:"cts"`
+	EventScratch   *ebpf.MapSpec `ebpf:"event_scratch"`
+	Events         *ebpf.MapSpec `ebpf:"events"`
+	Flows          *ebpf.MapSpec `ebpf:"flows"`
+	QidSeq         *ebpf.MapSpec `ebpf:"qid_seq"`
+	QueryScratch   *ebpf.MapSpec `ebpf:"query_scratch"`
+	ReplyPorts     *ebpf.MapSpec `ebpf:"reply_ports"`
+	Stats          *ebpf.MapSpec `ebpf:"stats"`
+	Unresolved     *ebpf.MapSpec `ebpf:"unresolved"`
 }
 
 // DnsraceVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type DnsraceVariableSpecs struct {
-	Cfg         *ebpf.VariableSpec `ebpf:"cfg"`
-	UnusedEvent *ebpf.VariableSpec `ebpf:"unused_event"`
-	UnusedKind  *ebpf.VariableSpec `ebpf:"unused_kind"`
-	UnusedTier  *ebpf.VariableSpec `ebpf:"unused_tier"`
+	Cfg            *ebpf.VariableSpec `ebpf:"cfg"`
+	TrackCts       *ebpf.VariableSpec `ebpf:"track_cts"`
+	UnusedAnswer   *ebpf.VariableSpec `ebpf:"unused_answer"`
+	UnusedEvKind   *ebpf.VariableSpec `ebpf:"unused_ev_kind"`
+	UnusedEvent    *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedHdr      *ebpf.VariableSpec `ebpf:"unused_hdr"`
+	UnusedQuery    *ebpf.VariableSpec `ebpf:"unused_query"`
+	UnusedRecFlags *ebpf.VariableSpec `ebpf:"unused_rec_flags"`
+	UnusedRecType  *ebpf.VariableSpec `ebpf:"unused_rec_type"`
+	UnusedStat     *ebpf.VariableSpec `ebpf:"unused_stat"`
+	UnusedTier     *ebpf.VariableSpec `ebpf:"unused_tier"`
 }
 
 // DnsraceObjects contains all objects after they have been loaded into the kernel.
@@ -286,24 +541,44 @@ func (o *DnsraceObjects) Close() error {
 //
 // It can be passed to LoadDnsraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type DnsraceMaps struct {
-	ConfirmEntry *ebpf.Map `ebpf:"confirm_entry"`
-	ConfirmStack *ebpf.Map `ebpf:"confirm_stack"`
-	CtCachep     *ebpf.Map `ebpf:"ct_cachep"`
-	Events       *ebpf.Map `ebpf:"events"`
-	LastCopied   *ebpf.Map `ebpf:"last_copied"`
-	Lost         *ebpf.Map `ebpf:"lost"`
-	Scratch      *ebpf.Map `ebpf:"scratch"`
+	Answers        *ebpf.Map `ebpf:"answers"`
+	ClashSlot      *ebpf.Map `ebpf:"clash_slot"`
+	ConfirmEntry   *ebpf.Map `ebpf:"confirm_entry"`
+	ConfirmScratch *ebpf.Map `ebpf:"confirm_scratch"`
+	ConfirmStack   *ebpf.Map `ebpf:"confirm_stack"`
+	CtCachep       *ebpf.Map `ebpf:"ct_cachep"`
+	CtNetns        *ebpf.Map `ebpf:"ct_netns"`
+	CtTuples       *ebpf.Map `ebpf:"ct_tuples"`
+	Cts            *ebpf.Map `ebpf:"cts"`
+	EventScratch   *ebpf.Map `ebpf:"event_scratch"`
+	Events         *ebpf.Map `ebpf:"events"`
+	Flows          *ebpf.Map `ebpf:"flows"`
+	QidSeq         *ebpf.Map `ebpf:"qid_seq"`
+	QueryScratch   *ebpf.Map `ebpf:"query_scratch"`
+	ReplyPorts     *ebpf.Map `ebpf:"reply_ports"`
+	Stats          *ebpf.Map `ebpf:"stats"`
+	Unresolved     *ebpf.Map `ebpf:"unresolved"`
 }
 
 func (m *DnsraceMaps) Close() error {
 	return _DnsraceClose(
+		m.Answers,
+		m.ClashSlot,
 		m.ConfirmEntry,
+		m.ConfirmScratch,
 		m.ConfirmStack,
 		m.CtCachep,
+		m.CtNetns,
+		m.CtTuples,
+		m.Cts,
+		m.EventScratch,
 		m.Events,
-		m.LastCopied,
-		m.Lost,
-		m.Scratch,
+		m.Flows,
+		m.QidSeq,
+		m.QueryScratch,
+		m.ReplyPorts,
+		m.Stats,
+		m.Unresolved,
 	)
 }
 
@@ -311,10 +586,17 @@ func (m *DnsraceMaps) Close() error {
 //
 // It can be passed to LoadDnsraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type DnsraceVariables struct {
-	Cfg         *ebpf.Variable `ebpf:"cfg"`
-	UnusedEvent *ebpf.Variable `ebpf:"unused_event"`
-	UnusedKind  *ebpf.Variable `ebpf:"unused_kind"`
-	UnusedTier  *ebpf.Variable `ebpf:"unused_tier"`
+	Cfg            *ebpf.Variable `ebpf:"cfg"`
+	TrackCts       *ebpf.Variable `ebpf:"track_cts"`
+	UnusedAnswer   *ebpf.Variable `ebpf:"unused_answer"`
+	UnusedEvKind   *ebpf.Variable `ebpf:"unused_ev_kind"`
+	UnusedEvent    *ebpf.Variable `ebpf:"unused_event"`
+	UnusedHdr      *ebpf.Variable `ebpf:"unused_hdr"`
+	UnusedQuery    *ebpf.Variable `ebpf:"unused_query"`
+	UnusedRecFlags *ebpf.Variable `ebpf:"unused_rec_flags"`
+	UnusedRecType  *ebpf.Variable `ebpf:"unused_rec_type"`
+	UnusedStat     *ebpf.Variable `ebpf:"unused_stat"`
+	UnusedTier     *ebpf.Variable `ebpf:"unused_tier"`
 }
 
 // DnsracePrograms contains all programs after they have been loaded into the kernel.
@@ -337,6 +619,7 @@ type DnsracePrograms struct {
 	TpKfreeSkbReason       *ebpf.Program `ebpf:"tp_kfree_skb_reason"`
 	TpKfreeSkbRxSk         *ebpf.Program `ebpf:"tp_kfree_skb_rx_sk"`
 	TpKmemCacheFree        *ebpf.Program `ebpf:"tp_kmem_cache_free"`
+	TpKmemCacheFreeSite    *ebpf.Program `ebpf:"tp_kmem_cache_free_site"`
 	TpNetDevQueue          *ebpf.Program `ebpf:"tp_net_dev_queue"`
 	TpNetifReceiveSkb      *ebpf.Program `ebpf:"tp_netif_receive_skb"`
 	TpSkbCopyDatagramIovec *ebpf.Program `ebpf:"tp_skb_copy_datagram_iovec"`
@@ -362,6 +645,7 @@ func (p *DnsracePrograms) Close() error {
 		p.TpKfreeSkbReason,
 		p.TpKfreeSkbRxSk,
 		p.TpKmemCacheFree,
+		p.TpKmemCacheFreeSite,
 		p.TpNetDevQueue,
 		p.TpNetifReceiveSkb,
 		p.TpSkbCopyDatagramIovec,

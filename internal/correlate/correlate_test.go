@@ -5,22 +5,31 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/dnsrace/dnsrace/internal/ctstats"
 	"github.com/dnsrace/dnsrace/internal/event"
 )
+
+// These tests feed the correlator records as the kernel side sends them
+// (no kernel needed) and check every cause and race kind. The kernel's
+// behaviour behind them is checked by the trace package's end-to-end tests.
 
 const (
 	podA, podB, node = 100, 101, 200
 	reasonNetfilter  = 1
 	reasonNoSocket   = 2
+	reasonRcvbuf     = 3
+	reasonOther      = 4
 	ms               = uint64(time.Millisecond)
 )
 
 var (
-	vip    = netip.MustParseAddrPort("10.96.0.10:53")
-	srcA   = netip.MustParseAddrPort("10.244.0.10:6000")
-	srcB   = netip.MustParseAddrPort("10.244.0.11:5000")
-	snated = event.Tuple{Src: netip.MustParseAddrPort("10.96.100.11:53"), Dst: netip.MustParseAddrPort("10.96.100.1:10001"), Proto: 17}
+	vip      = netip.MustParseAddrPort("10.96.0.10:53")
+	backend  = netip.MustParseAddrPort("10.96.100.11:53")
+	nodeAddr = netip.MustParseAddr("10.96.100.1")
+	srcA     = netip.MustParseAddrPort("10.244.0.10:6000")
+	srcB     = netip.MustParseAddrPort("10.244.0.11:5000")
 )
 
 type fakeCounters map[uint32]ctstats.Counters
@@ -28,220 +37,415 @@ type fakeCounters map[uint32]ctstats.Counters
 func (f fakeCounters) Delta(ns uint32) (ctstats.Counters, bool) { c, ok := f[ns]; return c, ok }
 
 type harness struct {
+	t         *testing.T
 	c         *Correlator
 	incidents []*Incident
+	qid       uint64
 }
 
-func newHarness(counters fakeCounters) *harness {
-	h := &harness{}
+func newHarness(t *testing.T, counters fakeCounters) *harness {
+	h := &harness{t: t}
 	h.c = New(Config{
 		Counters: counters,
 		ReasonName: func(v uint32) string {
-			return map[uint32]string{reasonNetfilter: "NETFILTER_DROP", reasonNoSocket: "NO_SOCKET"}[v]
+			return map[uint32]string{0: "NOT_SPECIFIED", reasonNetfilter: "NETFILTER_DROP", reasonNoSocket: "NO_SOCKET",
+				reasonRcvbuf: "SOCKET_RCVBUFF", reasonOther: "IP_OUTNOROUTES"}[v]
+		},
+		Location: func(a uint64) string {
+			return map[uint64]string{1: "nf_hook_slow+0x7d", 2: "__udp4_lib_rcv+0x3a0", 3: "ip_finish_output2+0x10"}[a]
 		},
 		OnIncident: func(inc *Incident) { h.incidents = append(h.incidents, inc) },
 	})
 	return h
 }
 
-func dnsEv(kind event.Kind, t uint64, ns uint32, skb uint64, src, dst netip.AddrPort, id, qtype uint16) *event.Event {
-	e := &event.Event{Kind: kind, TimeNs: t, NetNS: ns, Skb: skb, Packet: event.Tuple{Src: src, Dst: dst, Proto: 17}}
+// query sends a QUERY record and returns its qid.
+func (h *harness) query(t uint64, ns uint32, src netip.AddrPort, id, qtype uint16) uint64 {
+	h.qid++
+	e := &event.Event{Kind: event.KindQuery, QID: h.qid, TimeNs: t, NetNS: ns, CPU: uint16(h.qid % 2),
+		Packet: event.Tuple{Src: src, Dst: vip, Proto: 17}, Tier: event.TierTracepoint, PID: 4242}
+	copy(e.Comm[:], "getent")
 	e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, id, qtype
 	e.DNS.SetQName("svc-00.lab.test")
-	return e
+	h.c.Handle(e)
+	return h.qid
 }
 
-func answer(t uint64, ns uint32, q *event.Event) *event.Event {
-	e := dnsEv(event.KindRecv, t, ns, 999, q.Packet.Dst, q.Packet.Src, q.DNS.ID, q.DNS.QType)
-	e.DNS.Response = true
-	return e
+func (h *harness) answer(t uint64, qid uint64) {
+	h.c.Handle(&event.Event{Kind: event.KindAnswer, QID: qid, TimeNs: t, Flags: event.FlagResponse})
 }
 
-func withCT(e *event.Event, ptr uint64, status uint32, orig, reply event.Tuple) *event.Event {
-	e.CT = event.CT{Ptr: ptr, Status: status, Orig: orig, Reply: reply}
-	return e
-}
+func (h *harness) handle(e *event.Event) { h.c.Handle(e) }
 
-func TestReplyClashStall(t *testing.T) {
-	h := newHarness(fakeCounters{node: {InsertFailed: 1, Drop: 1}})
-	t0 := uint64(1e9)
-	// Pod B's query wins: confirmed with the SNAT reply tuple.
-	w := dnsEv(event.KindXmit, t0, podB, 1, srcB, vip, 1, 1)
-	h.c.Handle(w)
-	h.c.Handle(withCT(dnsEv(event.KindXmit, t0+10_000, node, 1, srcB, vip, 1, 1), 0xA, event.IPSConfirmed,
-		event.Tuple{Src: srcB, Dst: vip, Proto: 17}, snated))
-	// Pod A's A query got the same reply tuple and is dropped at confirm.
-	a := dnsEv(event.KindXmit, t0+20_000, podA, 2, srcA, vip, 2, 1)
-	h.c.Handle(a)
-	drop := withCT(dnsEv(event.KindDrop, t0+30_000, node, 2, srcA, vip, 2, 1), 0xB, 0,
-		event.Tuple{Src: srcA, Dst: vip, Proto: 17}, snated)
-	drop.Reason = reasonNetfilter
-	h.c.Handle(drop)
-	// Its AAAA sibling went through and was answered.
-	aaaa := dnsEv(event.KindXmit, t0+25_000, podA, 3, srcA, vip, 3, 28)
-	h.c.Handle(aaaa)
-	h.c.Handle(answer(t0+2*ms, podA, aaaa))
-	h.c.Tick(t0 + 500*ms)
-	if len(h.incidents) != 0 {
-		t.Fatalf("incident before the retry: %+v", h.incidents[0])
+// entry is a conntrack entry of a pod's flow to the VIP, DNATed to the
+// backend and SNATed to the node's port.
+func entry(ptr uint64, src netip.AddrPort, snatPort uint16, confirmed bool) event.CT {
+	ct := event.CT{Ptr: ptr,
+		Orig:  event.Tuple{Src: src, Dst: vip, Proto: 17},
+		Reply: event.Tuple{Src: backend, Dst: netip.AddrPortFrom(nodeAddr, snatPort), Proto: 17}}
+	if confirmed {
+		ct.Status = event.IPSConfirmed
 	}
-	// glibc retries 5 s later on the same socket with the same id.
-	h.c.Handle(dnsEv(event.KindXmit, t0+20_000+5000*ms, podA, 4, srcA, vip, 2, 1))
+	return ct
+}
+
+// drop is an EV_DROP record of query qid in the node.
+func drop(t, qid uint64, reason uint32, loc uint64, ct event.CT) *event.Event {
+	return &event.Event{Kind: event.KindDrop, QID: qid, TimeNs: t, NetNS: node, Reason: reason, Location: loc, CT: ct}
+}
+
+func withWinner(e *event.Event, w event.CT, wqid uint64) *event.Event {
+	e.Flags |= event.FlagWinner
+	e.Winner, e.WinnerQID = w, wqid
+	return e
+}
+
+func (h *harness) only(cause string) *Incident {
+	h.t.Helper()
 	if len(h.incidents) != 1 {
-		t.Fatalf("%d incidents, want 1", len(h.incidents))
+		h.t.Fatalf("%d incidents, want 1 %s: %+v", len(h.incidents), cause, h.incidents)
 	}
 	inc := h.incidents[0]
-	if inc.Cause != CauseInsertRace || inc.Race == nil || *inc.Race != RaceReplyClash {
-		t.Fatalf("cause %s race %v", inc.Cause, inc.Race)
+	if inc.Cause != cause {
+		h.t.Fatalf("cause %s, want %s", inc.Cause, cause)
 	}
-	if inc.StallMs == nil || *inc.StallMs != 5000 || !inc.Retried {
-		t.Fatalf("stall %v retried %v", inc.StallMs, inc.Retried)
-	}
-	if inc.Winner == nil || inc.Winner.Src != srcB.String() || inc.Winner.NetNS != podB {
-		t.Fatalf("winner %+v", inc.Winner)
-	}
-	if inc.Sibling == nil || inc.Sibling.QType != "AAAA" || !inc.Sibling.Answered {
-		t.Fatalf("sibling %+v", inc.Sibling)
-	}
-	if inc.QType != "A" || inc.NetNS != podA || inc.QName != "svc-00.lab.test" || inc.Src != srcA.String() {
-		t.Fatalf("incident %+v", inc)
-	}
-	if a := h.c.Attributed()[node]; a.InsertFailed != 1 || a.Drop != 1 {
-		t.Fatalf("attributed %+v", a)
-	}
+	return inc
 }
 
-// A netfilter drop of an unconfirmed entry with no winner seen and no
-// insert_failed in the kernel's counters is a firewall rule.
-func TestRuleDropWithoutBudget(t *testing.T) {
-	h := newHarness(fakeCounters{node: {}})
-	a := dnsEv(event.KindXmit, 1e9, podA, 2, srcA, vip, 2, 28)
-	h.c.Handle(a)
-	d := withCT(dnsEv(event.KindDrop, 1e9+10_000, node, 2, srcA, vip, 2, 28), 0xB, 0, event.Tuple{Src: srcA, Dst: vip, Proto: 17}, snated)
-	d.Reason = reasonNetfilter
-	h.c.Handle(d)
-	h.c.Close(1e9 + 10*1000*ms)
-	if len(h.incidents) != 1 || h.incidents[0].Cause != CauseRuleDrop || h.incidents[0].Retried {
-		t.Fatalf("%+v", h.incidents)
+func race(inc *Incident) string {
+	if inc.Race == nil {
+		return ""
 	}
-	if a := h.c.Attributed()[node]; a.InsertFailed != 0 {
-		t.Fatalf("attributed %+v", a)
-	}
+	return *inc.Race
 }
 
-// A netfilter drop with no entry at all is table_full while the node's drop
-// counter has room, and rule_drop after that.
-func TestTableFullBudget(t *testing.T) {
-	h := newHarness(fakeCounters{node: {Drop: 1}})
-	for i, id := range []uint16{10, 11} {
-		ts := uint64(1e9) + uint64(i)*1000*ms
-		src := netip.AddrPortFrom(srcA.Addr(), uint16(7000+i))
-		h.c.Handle(dnsEv(event.KindXmit, ts, podA, uint64(20+i), src, vip, id, 1))
-		d := dnsEv(event.KindDrop, ts+1000, node, uint64(20+i), src, vip, id, 1)
-		d.Reason = reasonNetfilter
-		h.c.Handle(d)
-		h.c.Tick(ts + 500*ms)
-	}
-	h.c.Close(uint64(1e9) + 20*1000*ms)
-	causes := map[string]int{}
-	for _, inc := range h.incidents {
-		for _, p := range inc.Lost {
-			causes[p.Cause]++
-		}
-	}
-	if causes[CauseTableFull] != 1 || causes[CauseRuleDrop] != 1 {
-		t.Fatalf("causes %v", causes)
-	}
-}
-
-// An answer dropped for want of a socket makes the query reply_unmatched
-// once the retry shows it was never answered.
-func TestReplyUnmatched(t *testing.T) {
-	h := newHarness(fakeCounters{})
-	q := dnsEv(event.KindXmit, 1e9, podA, 5, srcA, vip, 7, 1)
-	h.c.Handle(q)
-	r := dnsEv(event.KindDrop, 1e9+ms, node, 6, netip.MustParseAddrPort("10.96.100.12:53"), netip.MustParseAddrPort("10.96.100.1:10001"), 7, 1)
-	r.DNS.Response, r.Reason = true, reasonNoSocket
-	h.c.Handle(r)
-	h.c.Handle(dnsEv(event.KindXmit, 1e9+5000*ms, podA, 8, srcA, vip, 7, 1))
-	if len(h.incidents) != 1 || h.incidents[0].Cause != CauseReplyUnmatched || *h.incidents[0].StallMs != 5000 {
-		t.Fatalf("%+v", h.incidents)
-	}
-}
-
-// An answered query is never an incident, and a query in flight when the
-// trace ends is not declared lost.
-func TestAnsweredAndInFlight(t *testing.T) {
-	h := newHarness(fakeCounters{})
-	q := dnsEv(event.KindXmit, 1e9, podA, 5, srcA, vip, 7, 1)
-	h.c.Handle(q)
-	h.c.Handle(answer(1e9+ms, podA, q))
-	h.c.Handle(dnsEv(event.KindXmit, 1e9+10*ms, podA, 6, srcA, vip, 8, 28))
-	h.c.Close(1e9 + 100*ms)
+func TestAnsweredQueriesMakeNoIncident(t *testing.T) {
+	h := newHarness(t, nil)
+	a := h.query(0, podA, srcA, 1, dns.TypeA)
+	b := h.query(10, podA, srcA, 2, dns.TypeAAAA)
+	h.answer(1*ms, a)
+	h.answer(1*ms, b)
+	h.c.Tick(20 * ms)
+	h.c.Close(30 * ms)
 	if len(h.incidents) != 0 {
-		t.Fatalf("%+v", h.incidents[0])
+		t.Fatalf("incidents: %+v", h.incidents)
 	}
-	if s := h.c.Stats(); s.Queries != 2 || s.Answered != 1 {
-		t.Fatalf("%+v", s)
+	if st := h.c.Stats(); st.Queries != 2 || st.Answered != 2 || st.InFlight != 0 {
+		t.Errorf("stats %+v", st)
 	}
 }
 
-// A loser merged into the winner: its unconfirmed entry is freed without a
-// drop, one clash_resolved incident; the free of a dropped packet's entry
-// is not one.
-func TestClashResolvedMerged(t *testing.T) {
-	h := newHarness(fakeCounters{})
-	orig := event.Tuple{Src: srcA, Dst: vip, Proto: 17}
-	h.c.Handle(dnsEv(event.KindXmit, 1e9, podA, 5, srcA, vip, 7, 1))
-	h.c.Handle(withCT(dnsEv(event.KindXmit, 1e9+ms, node, 5, srcA, vip, 7, 1), 0xA, event.IPSConfirmed, orig, orig.Reverse()))
-	free := &event.Event{Kind: event.KindCTFree, TimeNs: 1e9 + ms, NetNS: node, CT: event.CT{Ptr: 0xB, Orig: orig, Reply: orig.Reverse()}}
-	h.c.Handle(free)
-	// A dropped packet's entry, freed right after the drop: not a rescue.
-	h.c.Handle(dnsEv(event.KindXmit, 1e9+2*ms, podB, 9, srcB, vip, 9, 1))
-	d := withCT(dnsEv(event.KindDrop, 1e9+3*ms, node, 9, srcB, vip, 9, 1), 0xC, 0, event.Tuple{Src: srcB, Dst: vip, Proto: 17}, snated)
-	d.Reason = reasonNetfilter
-	h.c.Handle(d)
-	// (Under emulation the free can trail the drop by tens of ms.)
-	h.c.Handle(&event.Event{Kind: event.KindCTFree, TimeNs: 1e9 + 3*ms + 40*ms, NetNS: node,
-		CT: event.CT{Ptr: 0xC, Orig: event.Tuple{Src: srcB, Dst: vip, Proto: 17}, Reply: snated}})
-	h.c.Tick(1e9 + 500*ms)
-	var rescued int
-	for _, inc := range h.incidents {
-		if inc.Cause == CauseClashResolved {
-			rescued++
-			if inc.Winner == nil || inc.Winner.Src != srcA.String() {
-				t.Errorf("winner %+v", inc.Winner)
+// The SNAT port race, tracepoint tier: the drop names the flow that holds
+// the loser's reply tuple; the retry 5 s later ends the stall.
+func TestInsertRaceReplyClash(t *testing.T) {
+	h := newHarness(t, fakeCounters{node: {InsertFailed: 1, Drop: 1}})
+	w := h.query(0, podB, srcB, 7, dns.TypeA) // the winner's query
+	a := h.query(10, podA, srcA, 1, dns.TypeA)
+	aaaa := h.query(11, podA, srcA, 2, dns.TypeAAAA)
+	h.answer(ms, w)
+	h.answer(ms, aaaa)
+	loser := entry(0xa, srcA, 10001, false)
+	winner := entry(0xb, srcB, 10001, true)
+	h.handle(withWinner(drop(50, a, reasonNetfilter, 1, loser), winner, w))
+	h.c.Tick(400 * ms)
+	if len(h.incidents) != 0 {
+		t.Fatal("incident before the retry")
+	}
+	h.query(5*uint64(time.Second), podA, srcA, 1, dns.TypeA) // glibc's retry: same socket, same id
+	inc := h.only(CauseInsertRace)
+	if race(inc) != RaceReplyClash || inc.StallMs == nil || *inc.StallMs < 4999 || !inc.Retried {
+		t.Errorf("incident %+v", inc)
+	}
+	if inc.Winner == nil || inc.Winner.Src != srcB || inc.Winner.QName != "svc-00.lab.test" || inc.Winner.NetNS != podB ||
+		inc.Winner.ReplyDst != netip.AddrPortFrom(nodeAddr, 10001) {
+		t.Errorf("winner %+v", inc.Winner)
+	}
+	if inc.Sibling == nil || inc.Sibling.QType != QType(dns.TypeAAAA) || !inc.Sibling.Answered {
+		t.Errorf("sibling %+v", inc.Sibling)
+	}
+	if len(inc.Lost) != 1 || inc.Lost[0].Reason != "NETFILTER_DROP" || inc.Lost[0].Location != "nf_hook_slow+0x7d" || inc.NodeNetNS != node {
+		t.Errorf("lost %+v node %d", inc.Lost, inc.NodeNetNS)
+	}
+	if inc.Retry == nil || inc.Retry.ID != 1 || inc.Retry.Src != srcA {
+		t.Errorf("retry %+v", inc.Retry)
+	}
+	if got := h.c.Attributed()[node]; got != (Attributed{InsertFailed: 1, Drop: 1}) {
+		t.Errorf("attributed %+v", got)
+	}
+}
+
+// The winner may reach a device after its loser's drop: the late winner
+// (the holder of the reply tuple) wins over the same socket's entry that
+// the drop found.
+func TestLateReplyHolderWins(t *testing.T) {
+	h := newHarness(t, fakeCounters{node: {InsertFailed: 1, Drop: 1}})
+	a := h.query(0, podA, srcA, 1, dns.TypeA)
+	aaaa := h.query(1, podA, srcA, 2, dns.TypeAAAA)
+	w := h.query(2, podB, srcB, 9, dns.TypeA)
+	h.answer(ms, a)
+	h.answer(ms, w)
+	loser := entry(0xa, srcA, 10001, false)
+	sameSocket := entry(0xc, srcA, 10002, true)
+	h.handle(withWinner(drop(50, aaaa, reasonNetfilter, 1, loser), sameSocket, a))
+	h.handle(withWinner(&event.Event{Kind: event.KindWinner, QID: aaaa, TimeNs: 60, NetNS: node}, entry(0xb, srcB, 10001, true), w))
+	h.c.Tick(400 * ms)
+	h.c.Close(6 * uint64(time.Second))
+	inc := h.only(CauseInsertRace)
+	if race(inc) != RaceReplyClash || inc.Winner == nil || inc.Winner.Src != srcB {
+		t.Errorf("race %s winner %+v", race(inc), inc.Winner)
+	}
+}
+
+// The fentry/kprobe tier: confirm said NF_DROP, with nf_ct_resolve_clash's
+// winner: no counter budget is needed.
+func TestInsertRaceConfirmDropSameTuple(t *testing.T) {
+	h := newHarness(t, nil)
+	a := h.query(0, podA, srcA, 1, dns.TypeA)
+	aaaa := h.query(1, podA, srcA, 2, dns.TypeAAAA)
+	h.answer(ms, a)
+	loser := entry(0xa, srcA, 10001, false)
+	winner := entry(0xb, srcA, 10002, true)
+	h.handle(withWinner(&event.Event{Kind: event.KindConfirmDrop, QID: aaaa, TimeNs: 40, NetNS: node, CT: loser}, winner, 0))
+	h.handle(drop(41, aaaa, reasonNetfilter, 1, loser))
+	h.c.Tick(400 * ms)
+	h.query(5*uint64(time.Second), podA, srcA, 2, dns.TypeAAAA)
+	inc := h.only(CauseInsertRace)
+	if race(inc) != RaceSameTuple || inc.Winner == nil || inc.Winner.Src != srcA {
+		t.Errorf("race %s winner %+v", race(inc), inc.Winner)
+	}
+}
+
+// A drop reason tells the cause; without one (5.10), the freeing function.
+func TestDropCauses(t *testing.T) {
+	cases := []struct {
+		name     string
+		counters ctstats.Counters
+		reason   uint32
+		loc      uint64
+		ct       event.CT
+		cause    string
+		attrib   Attributed
+	}{
+		{"unconfirmed entry, insert_failed room", ctstats.Counters{InsertFailed: 1, Drop: 1}, reasonNetfilter, 1, entry(0xa, srcA, 1, false), CauseInsertRace, Attributed{InsertFailed: 1, Drop: 1}},
+		{"unconfirmed entry, no room: a rule", ctstats.Counters{}, reasonNetfilter, 1, entry(0xa, srcA, 1, false), CauseRuleDrop, Attributed{}},
+		{"confirmed entry: a rule", ctstats.Counters{InsertFailed: 1}, reasonNetfilter, 1, entry(0xa, srcA, 1, true), CauseRuleDrop, Attributed{}},
+		{"no entry, drop room: table full", ctstats.Counters{Drop: 1}, reasonNetfilter, 1, event.CT{}, CauseTableFull, Attributed{Drop: 1}},
+		{"no entry, no room: a rule", ctstats.Counters{}, reasonNetfilter, 1, event.CT{}, CauseRuleDrop, Attributed{}},
+		{"5.10: no reason, nf_hook_slow", ctstats.Counters{InsertFailed: 1, Drop: 1}, 0, 1, entry(0xa, srcA, 1, false), CauseInsertRace, Attributed{InsertFailed: 1, Drop: 1}},
+		{"5.10: no reason, another function", ctstats.Counters{InsertFailed: 1, Drop: 1}, 0, 3, entry(0xa, srcA, 1, false), CauseLocalDrop, Attributed{}},
+		{"another reason", ctstats.Counters{Drop: 1}, reasonOther, 3, event.CT{}, CauseLocalDrop, Attributed{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, fakeCounters{node: c.counters})
+			a := h.query(0, podA, srcA, 1, dns.TypeA)
+			h.handle(drop(10, a, c.reason, c.loc, c.ct))
+			h.c.Tick(400 * ms)
+			h.c.Close(6 * uint64(time.Second))
+			inc := h.only(c.cause)
+			if got := h.c.Attributed()[node]; got != c.attrib {
+				t.Errorf("attributed %+v, want %+v", got, c.attrib)
 			}
+			if inc.Retried || inc.StallMs != nil {
+				t.Errorf("no retry was seen: %+v", inc)
+			}
+		})
+	}
+}
+
+// The counters' budget goes to drops with direct evidence first: a rule
+// drop and a race in one window, one insert_failed.
+func TestBudgetGoesToEvidenceFirst(t *testing.T) {
+	h := newHarness(t, fakeCounters{node: {InsertFailed: 1, Drop: 1}})
+	rule := h.query(0, podA, srcA, 1, dns.TypeA)
+	raced := h.query(1, podB, srcB, 2, dns.TypeA)
+	h.handle(drop(10, rule, reasonNetfilter, 1, entry(0xa, srcA, 1, false)))
+	h.handle(withWinner(drop(11, raced, reasonNetfilter, 1, entry(0xb, srcB, 1, false)), entry(0xc, netip.MustParseAddrPort("10.244.0.12:7"), 1, true), 0))
+	h.c.Tick(400 * ms)
+	h.c.Close(6 * uint64(time.Second))
+	causes := map[uint32]string{}
+	for _, inc := range h.incidents {
+		causes[inc.NetNS] = inc.Cause
+	}
+	if causes[podA] != CauseRuleDrop || causes[podB] != CauseInsertRace {
+		t.Errorf("causes %v", causes)
+	}
+}
+
+// Answers dropped where they land: matched by the kernel (QID), or by
+// their question when no flow expected them.
+func TestAnswerDrops(t *testing.T) {
+	cases := []struct {
+		name   string
+		reason uint32
+		loc    uint64
+		byQID  bool
+		cause  string
+	}{
+		{"not reverse-NATed", reasonNoSocket, 2, false, CauseReplyUnmatched},
+		{"5.10: freed in __udp4_lib_rcv", 0, 2, false, CauseReplyUnmatched},
+		{"receive buffer full", reasonRcvbuf, 3, true, CauseRcvbufFull},
+		{"another reason", reasonOther, 3, true, CauseLocalDrop},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			a := h.query(0, podA, srcA, 1, dns.TypeA)
+			e := &event.Event{Kind: event.KindDrop, TimeNs: ms, NetNS: node, Reason: c.reason, Location: c.loc, Flags: event.FlagResponse}
+			if c.byQID {
+				e.QID = a
+			} else {
+				e.DNS.Valid, e.DNS.Response, e.DNS.ID, e.DNS.QType = true, true, 1, dns.TypeA
+				e.DNS.SetQName("svc-00.lab.test")
+			}
+			h.handle(e)
+			h.query(5*uint64(time.Second), podA, srcA, 1, dns.TypeA)
+			inc := h.only(c.cause)
+			if inc.Lost[0].NetNS != node || !inc.Retried {
+				t.Errorf("incident %+v", inc)
+			}
+		})
+	}
+}
+
+// A full receive buffer before 6.10 names only the socket: its unanswered
+// queries are blamed.
+func TestRcvbufFullBySocket(t *testing.T) {
+	h := newHarness(t, nil)
+	h.query(0, podA, srcA, 1, dns.TypeA)
+	h.handle(&event.Event{Kind: event.KindRcvbufFull, TimeNs: ms, NetNS: podA, Flags: event.FlagResponse,
+		Packet: event.Tuple{Src: vip, Dst: srcA, Proto: 17}})
+	h.query(5*uint64(time.Second), podA, srcA, 1, dns.TypeA)
+	h.only(CauseRcvbufFull)
+}
+
+func TestNoReply(t *testing.T) {
+	h := newHarness(t, nil)
+	h.query(0, podA, srcA, 1, dns.TypeA)
+	h.query(10, podA, srcA, 2, dns.TypeAAAA)
+	h.query(5*uint64(time.Second), podA, srcA, 3, dns.TypeA)
+	inc := h.only(CauseNoReply)
+	if len(inc.Lost) != 2 || inc.Sibling == nil || !inc.Sibling.Lost {
+		t.Errorf("lost %+v sibling %+v", inc.Lost, inc.Sibling)
+	}
+}
+
+// Rescued races: one clash_resolved incident per loser, whichever records
+// report it; a merged loser of the tracepoint tier is named by its socket.
+func TestRescued(t *testing.T) {
+	t.Run("merged, fentry", func(t *testing.T) {
+		h := newHarness(t, nil)
+		a := h.query(0, podA, srcA, 1, dns.TypeA)
+		aaaa := h.query(1, podA, srcA, 2, dns.TypeAAAA)
+		loser, winner := entry(0xa, srcA, 1, false), entry(0xb, srcA, 1, true)
+		e := withWinner(&event.Event{Kind: event.KindMerged, QID: aaaa, TimeNs: 40, NetNS: node, CT: loser, CTAfter: 0xb}, winner, a)
+		h.handle(e)
+		h.handle(e) // seen twice: counted once
+		inc := h.only(CauseClashResolved)
+		if race(inc) != RaceSameTuple || inc.QType != QType(dns.TypeAAAA) || inc.Winner == nil || inc.Winner.QType != QType(dns.TypeA) {
+			t.Errorf("incident %+v winner %+v", inc, inc.Winner)
 		}
-	}
-	if rescued != 1 || h.c.Attributed()[node].ClashResolve != 1 {
-		t.Fatalf("%d rescued, attributed %+v", rescued, h.c.Attributed()[node])
+		if h.c.Attributed()[node].ClashResolve != 1 {
+			t.Errorf("attributed %+v", h.c.Attributed()[node])
+		}
+	})
+	t.Run("NAT_CLASH", func(t *testing.T) {
+		h := newHarness(t, nil)
+		h.query(0, podA, srcA, 1, dns.TypeA)
+		aaaa := h.query(1, podA, srcA, 2, dns.TypeAAAA)
+		h.handle(&event.Event{Kind: event.KindNATClash, QID: aaaa, TimeNs: 40, NetNS: node, CT: entry(0xa, srcA, 1, true)})
+		if inc := h.only(CauseClashResolved); race(inc) != RaceSameTuple || inc.Winner != nil {
+			t.Errorf("incident %+v", inc)
+		}
+	})
+	t.Run("freed unconfirmed entry, tracepoint", func(t *testing.T) {
+		h := newHarness(t, nil)
+		h.query(0, podA, srcA, 1, dns.TypeA)
+		h.handle(&event.Event{Kind: event.KindCTFreed, TimeNs: 5, NetNS: node, CT: entry(0xa, srcA, 1, false)})
+		h.query(6, podA, srcA, 2, dns.TypeAAAA) // the loser leaves after its entry was freed
+		h.c.Tick(400 * ms)
+		if inc := h.only(CauseClashResolved); inc.QType != QType(dns.TypeAAAA) || inc.NodeNetNS != node {
+			t.Errorf("incident %+v", inc)
+		}
+	})
+}
+
+// A query first seen where its answer cannot be seen (forwarded from
+// outside, function tier) is never declared lost for want of an answer.
+func TestUnwatchedQuery(t *testing.T) {
+	h := newHarness(t, nil)
+	h.qid++
+	e := &event.Event{Kind: event.KindQuery, QID: h.qid, NetNS: node, Flags: event.FlagNoSocket,
+		Packet: event.Tuple{Src: srcA, Dst: vip, Proto: 17}}
+	e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, 1, dns.TypeA
+	e.DNS.SetQName("svc-00.lab.test")
+	h.handle(e)
+	h.answer(5*uint64(time.Second), h.query(5*uint64(time.Second), node, srcA, 1, dns.TypeA))
+	h.c.Tick(20 * uint64(time.Second))
+	h.c.Close(21 * uint64(time.Second))
+	if len(h.incidents) != 0 {
+		t.Errorf("incidents %+v", h.incidents)
 	}
 }
 
-func TestRetryRecorded(t *testing.T) {
-	h := newHarness(fakeCounters{})
-	h.c.Handle(dnsEv(event.KindXmit, 1e9, podA, 5, srcA, vip, 7, 1))
-	retrySrc := netip.MustParseAddrPort("10.244.0.10:6001")
-	h.c.Handle(dnsEv(event.KindXmit, 1e9+5000*ms, podA, 8, retrySrc, vip, 9, 1))
-	if len(h.incidents) != 1 {
-		t.Fatalf("%d incidents", len(h.incidents))
-	}
-	r := h.incidents[0].Retry
-	if r == nil || r.ID != 9 || r.Src != retrySrc.String() || r.QType != "A" {
-		t.Fatalf("retry %+v", r)
+// A stall without a retry closes after QueryTTL, not retried.
+func TestStallWithoutRetry(t *testing.T) {
+	h := newHarness(t, fakeCounters{node: {InsertFailed: 1, Drop: 1}})
+	a := h.query(0, podA, srcA, 1, dns.TypeA)
+	h.handle(drop(10, a, reasonNetfilter, 1, entry(0xa, srcA, 1, false)))
+	h.c.Tick(400 * ms)
+	h.c.Tick(13 * uint64(time.Second))
+	inc := h.only(CauseInsertRace)
+	if inc.Retried || inc.StallMs != nil || inc.Retry != nil {
+		t.Errorf("incident %+v", inc)
 	}
 }
 
-// Two pods ask with the same id and type; the second's packet lands in the
-// first's freed skb. The name tells them apart: both are queries.
-func TestReusedSkbOtherQuestion(t *testing.T) {
-	h := newHarness(fakeCounters{})
-	h.c.Handle(dnsEv(event.KindXmit, 1e9, podA, 5, srcA, vip, 6, 28))
-	e := dnsEv(event.KindXmit, 1e9+3*ms, podB, 5, srcB, vip, 6, 28)
-	e.DNS.SetQName("svc-01.lab.test")
-	h.c.Handle(e)
-	if s := h.c.Stats(); s.Queries != 2 {
-		t.Fatalf("%d queries seen, want 2", s.Queries)
+// At Close, only queries that waited a whole resolver timeout are lost.
+func TestCloseLosesOnlyTimedOut(t *testing.T) {
+	h := newHarness(t, nil)
+	h.query(0, podA, srcA, 1, dns.TypeA)
+	h.query(4*uint64(time.Second), podB, srcB, 2, dns.TypeA)
+	h.c.Close(6 * uint64(time.Second))
+	if inc := h.only(CauseNoReply); inc.NetNS != podA {
+		t.Errorf("incident %+v", inc)
+	}
+}
+
+// Past MaxQueries the oldest are evicted and counted; a drop of an evicted
+// query is ignored even if its struct was reused.
+func TestEviction(t *testing.T) {
+	h := newHarness(t, fakeCounters{node: {InsertFailed: 1, Drop: 1}})
+	h.c.cfg.MaxQueries = 4
+	first := h.query(0, podA, srcA, 1, dns.TypeA)
+	for i := range 8 {
+		h.query(uint64(i+1), podB, netip.AddrPortFrom(srcB.Addr(), uint16(5000+i)), uint16(10+i), dns.TypeA)
+	}
+	h.handle(drop(20, first, reasonNetfilter, 1, entry(0xa, srcA, 1, false)))
+	h.c.Tick(400 * ms)
+	if st := h.c.Stats(); st.Evicted != 5 || st.Queries != 9 || st.InFlight != 4 {
+		t.Errorf("stats %+v", st)
+	}
+	h.c.Close(uint64(time.Second))
+	if len(h.incidents) != 0 {
+		t.Errorf("incidents %+v", h.incidents)
+	}
+}
+
+// An open stall keeps its queries alive even when they expire: their
+// structs are reused only after the incident is written.
+func TestOpenStallHoldsItsQueries(t *testing.T) {
+	h := newHarness(t, fakeCounters{node: {InsertFailed: 1, Drop: 1}})
+	h.c.cfg.MaxQueries = 2
+	a := h.query(0, podA, srcA, 1, dns.TypeA)
+	h.handle(drop(10, a, reasonNetfilter, 1, entry(0xa, srcA, 1, false)))
+	h.c.Tick(400 * ms)
+	for i := range 6 { // evicts a, reuses structs
+		h.query(uint64(500+i)*ms, podB, netip.AddrPortFrom(srcB.Addr(), uint16(5000+i)), uint16(10+i), dns.TypeA)
+	}
+	h.query(5*uint64(time.Second), podA, srcA, 1, dns.TypeA)
+	inc := h.only(CauseInsertRace)
+	if inc.QName != "svc-00.lab.test" || inc.NetNS != podA || inc.Src != srcA || !inc.Retried {
+		t.Errorf("incident %+v", inc)
 	}
 }

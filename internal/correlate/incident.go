@@ -1,6 +1,8 @@
 package correlate
 
 import (
+	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/miekg/dns"
@@ -32,23 +34,54 @@ const (
 	RaceReplyClash = "reply_clash"
 )
 
-// Flow is one conntrack entry's tuples as "ip:port" strings.
+// QType is a DNS query type. It stays a number inside; it becomes its
+// mnemonic ("AAAA", or "TYPE65280" per RFC 3597 when it has none) only
+// where it is written.
+type QType uint16
+
+func (t QType) String() string {
+	if s, ok := dns.TypeToString[uint16(t)]; ok {
+		return s
+	}
+	return "TYPE" + strconv.Itoa(int(t))
+}
+
+// MarshalText writes the mnemonic (JSON).
+func (t QType) MarshalText() ([]byte, error) { return []byte(t.String()), nil }
+
+// UnmarshalText reads a mnemonic or "TYPEn".
+func (t *QType) UnmarshalText(b []byte) error {
+	s := string(b)
+	if v, ok := dns.StringToType[s]; ok {
+		*t = QType(v)
+		return nil
+	}
+	if len(s) > 4 && s[:4] == "TYPE" {
+		if v, err := strconv.ParseUint(s[4:], 10, 16); err == nil {
+			*t = QType(v)
+			return nil
+		}
+	}
+	return &strconv.NumError{Func: "QType", Num: s, Err: strconv.ErrSyntax}
+}
+
+// Flow is one conntrack entry's tuples.
 type Flow struct {
-	Src      string `json:"src"`
-	Dst      string `json:"dst"`
-	ReplySrc string `json:"reply_src,omitempty"`
-	ReplyDst string `json:"reply_dst,omitempty"`
+	Src      netip.AddrPort `json:"src"`
+	Dst      netip.AddrPort `json:"dst"`
+	ReplySrc netip.AddrPort `json:"reply_src,omitzero"`
+	ReplyDst netip.AddrPort `json:"reply_dst,omitzero"`
 	// The query that created the entry, when the tracer saw it.
 	NetNS uint32 `json:"netns,omitempty"`
 	QName string `json:"qname,omitempty"`
-	QType string `json:"qtype,omitempty"`
+	QType QType  `json:"qtype,omitzero"`
 	Comm  string `json:"comm,omitempty"`
 	PID   uint32 `json:"pid,omitempty"`
 }
 
 // Packet is one lost DNS query (or its lost answer) of an incident.
 type Packet struct {
-	QType    string `json:"qtype"`
+	QType    QType  `json:"qtype"`
 	ID       uint16 `json:"id"`
 	Cause    string `json:"cause"`
 	Race     string `json:"race,omitempty"`
@@ -61,7 +94,7 @@ type Packet struct {
 
 // Sibling is the other query of an A/AAAA pair sent on the same 5-tuple.
 type Sibling struct {
-	QType    string  `json:"qtype"`
+	QType    QType   `json:"qtype"`
 	ID       uint16  `json:"id"`
 	GapUs    float64 `json:"gap_us"` // send time difference
 	CPUs     [2]int  `json:"cpus"`   // CPU of the lost query, of the sibling
@@ -72,29 +105,29 @@ type Sibling struct {
 // Retry is the query that ended a stall: the resolver's resend, from the
 // same socket or a new one.
 type Retry struct {
-	QType string `json:"qtype"`
-	ID    uint16 `json:"id"`
-	Src   string `json:"src"`
-	Dst   string `json:"dst"`
+	QType QType          `json:"qtype"`
+	ID    uint16         `json:"id"`
+	Src   netip.AddrPort `json:"src"`
+	Dst   netip.AddrPort `json:"dst"`
 }
 
 // Incident is one resolver timeout waited out (or one race the kernel
 // rescued, cause clash_resolved, with no stall).
 type Incident struct {
-	Type    string    `json:"type"` // "incident"
-	ID      uint64    `json:"id"`
-	Time    time.Time `json:"time"` // when the first lost query was sent
-	Cause   string    `json:"cause"`
-	Race    *string   `json:"race"`
-	QName   string    `json:"qname"`
-	QType   string    `json:"qtype"`
-	NetNS   uint32    `json:"netns"`
-	PID     uint32    `json:"pid,omitempty"`
-	Comm    string    `json:"comm,omitempty"`
-	Cgroup  uint64    `json:"cgroup,omitempty"`
-	Src     string    `json:"src"`
-	Dst     string    `json:"dst"`
-	StallMs *float64  `json:"stall_ms"`
+	Type    string         `json:"type"` // "incident"
+	ID      uint64         `json:"id"`
+	Time    time.Time      `json:"time"` // when the first lost query was sent
+	Cause   string         `json:"cause"`
+	Race    *string        `json:"race"`
+	QName   string         `json:"qname"`
+	QType   QType          `json:"qtype"`
+	NetNS   uint32         `json:"netns"`
+	PID     uint32         `json:"pid,omitempty"`
+	Comm    string         `json:"comm,omitempty"`
+	Cgroup  uint64         `json:"cgroup,omitempty"`
+	Src     netip.AddrPort `json:"src"`
+	Dst     netip.AddrPort `json:"dst"`
+	StallMs *float64       `json:"stall_ms"`
 	// Retried is true when the resolver's retry was seen (it closed the
 	// stall); false when the incident expired without one.
 	Retried bool `json:"retried"`
@@ -116,7 +149,6 @@ type Incident struct {
 type Attributed struct {
 	InsertFailed uint64 `json:"insert_failed"`
 	Drop         uint64 `json:"drop"`
-	EarlyDrop    uint64 `json:"early_drop"`
 	ClashResolve uint64 `json:"clash_resolve"`
 }
 
@@ -124,25 +156,4 @@ type Attributed struct {
 // as deltas since tracing began there.
 type CounterSource interface {
 	Delta(netns uint32) (ctstats.Counters, bool)
-}
-
-func qtypeName(t uint16) string {
-	if s, ok := dns.TypeToString[t]; ok {
-		return s
-	}
-	return "TYPE" + itoa(int(t))
-}
-
-func itoa(n int) string {
-	if n == 0 {
-		return "0"
-	}
-	var b [20]byte
-	i := len(b)
-	for n > 0 {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-	}
-	return string(b[i:])
 }

@@ -70,6 +70,13 @@ func (e *env) defaultRouteIface() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return parseDefaultRoute(data)
+}
+
+// parseDefaultRoute reads /proc/net/route text: the interface of the
+// IPv4 default route (destination and mask 0) with the lowest metric, ""
+// when there is none.
+func parseDefaultRoute(data []byte) (string, error) {
 	best, bestMetric := "", -1
 	sc := bufio.NewScanner(strings.NewReader(string(data)))
 	first := true
@@ -136,6 +143,13 @@ func (e *env) readCNI() (*cniConfig, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseCNI(p, data)
+}
+
+// parseCNI reads a CNI network config (.conf: one plugin; .conflist: a
+// "plugins" list) found at node path p: the main plugin's type, mode and
+// bridge.
+func parseCNI(p string, data []byte) (*cniConfig, error) {
 	type plugin struct {
 		Type   string `json:"type"`
 		Mode   string `json:"mode"`

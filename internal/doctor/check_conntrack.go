@@ -88,7 +88,7 @@ func (e *env) readUint(p string) (uint64, error) {
 }
 
 // parseCTStat parses /proc/net/stat/nf_conntrack: a header of column names,
-// then one line of hex values per possible CPU (kernel.md §5). Columns are
+// then one line of hex values per possible CPU (docs/kernel.md §5). Columns are
 // found by name, so the pre-5.10 ("searched") and pre-5.15 ("delete_list")
 // layouts parse too; their meaningless columns are ignored.
 func parseCTStat(data []byte) (ctstats.Snapshot, error) {

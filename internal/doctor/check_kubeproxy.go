@@ -154,7 +154,7 @@ func checkKubeProxy(ctx context.Context, e *env) Result {
 		r.Evidence = append(r.Evidence, "NOTRACK: "+n)
 	}
 
-	// IPVS mode keeps conntrack in the path too (kernel.md §7): it rewrites
+	// IPVS mode keeps conntrack in the path too (docs/kernel.md §9): it rewrites
 	// the reply tuple without NAT status bits, so before 6.12 clashing
 	// entries merge even when IPVS picked different real servers.
 	if _, err := os.Lstat(e.hostPath("/sys/class/net/kube-ipvs0")); err == nil {

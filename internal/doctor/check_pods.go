@@ -4,6 +4,7 @@ import (
 	"context"
 	"debug/elf"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -23,11 +24,22 @@ type containerResolv struct {
 // (/proc/PID/exe): the most direct answer to "which resolver runs here".
 // ok is false when the executable cannot be read (fixtures, races).
 func libcOfExe(exe string) (libc string, ok bool) {
-	f, err := elf.Open(exe)
+	f, err := os.Open(exe)
 	if err != nil {
 		return "", false
 	}
 	defer f.Close()
+	return libcOfELF(f)
+}
+
+// libcOfELF reads the ELF interpreter of an executable: glibc, musl,
+// "static" without one, "other (PATH)"; ok is false for what is not a
+// readable ELF file.
+func libcOfELF(r io.ReaderAt) (libc string, ok bool) {
+	f, err := elf.NewFile(r)
+	if err != nil {
+		return "", false
+	}
 	for _, p := range f.Progs {
 		if p.Type != elf.PT_INTERP {
 			continue

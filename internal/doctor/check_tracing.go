@@ -39,17 +39,7 @@ func (e *env) kernelConfig(opt string, release string) (string, string) {
 			defer z.Close()
 			rd = z
 		}
-		sc := bufio.NewScanner(rd)
-		for sc.Scan() {
-			l := sc.Text()
-			if strings.HasPrefix(l, opt+"=") {
-				return strings.TrimPrefix(l, opt+"="), true
-			}
-			if l == "# "+opt+" is not set" {
-				return "n", true
-			}
-		}
-		return "n", sc.Err() == nil
+		return configValue(rd, opt)
 	}
 	if v, ok := try("/proc/config.gz", true); ok {
 		return v, "/proc/config.gz"
@@ -61,6 +51,23 @@ func (e *env) kernelConfig(opt string, release string) (string, string) {
 		}
 	}
 	return "", ""
+}
+
+// configValue finds opt in kernel config text: its value ("y", "m", a
+// string), "n" when it is "not set" or absent; ok is false when the text
+// could not be read to its end.
+func configValue(r io.Reader, opt string) (string, bool) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, opt+"=") {
+			return strings.TrimPrefix(l, opt+"="), true
+		}
+		if l == "# "+opt+" is not set" {
+			return "n", true
+		}
+	}
+	return "n", sc.Err() == nil
 }
 
 // fentryTrial loads a two-instruction fentry program on
@@ -216,8 +223,8 @@ func checkTracing(_ context.Context, e *env) Result {
 			Reason: fmt.Sprintf("the tier needs a live trial load (BTF present, kprobes %s): rerun with --live on the node", kprobes)}
 	default:
 		r.Verdict = Warn
-		r.Summary = fmt.Sprintf("dnsrace trace runs in the tracepoint tier only (fentry refused, kprobes %s): drops seen at skb:kfree_skb, race class from per-CPU counters", kprobes)
-		r.Fix = "for per-packet clash attribution run on a kernel that loads fentry programs (BPF LSM and lockdown permitting) or has CONFIG_KPROBES=y; the tracepoint tier still counts every loss"
+		r.Summary = fmt.Sprintf("dnsrace trace runs in the tracepoint tier only (fentry refused, kprobes %s): queries followed on every device, winners named from the entries seen confirmed, merged losers from freed entries; it costs more per packet than the function tiers", kprobes)
+		r.Fix = "for confirm's own verdicts and no per-packet device hooks run on a kernel that loads fentry programs (BPF LSM and lockdown permitting) or has CONFIG_KPROBES=y; the tracepoint tier still explains and counts every loss"
 	}
 	return r
 }

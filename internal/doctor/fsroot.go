@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // maxRead caps what doctor reads from one file; the inputs are small text
@@ -26,26 +27,36 @@ func (e *env) hostPath(p string) string { return filepath.Join(e.Root, p) }
 func resolveIn(root, p string) (string, []string, error) {
 	var chain []string
 	pending := splitPath(p)
-	cur := "/"
+	cur, curDir := "/", true
 	for hops := 0; len(pending) > 0; {
 		c := pending[0]
 		pending = pending[1:]
-		switch c {
-		case "", ".":
-			continue
-		case "..":
-			cur = path.Dir(cur)
+		if c == "" || c == "." || c == ".." {
+			// "file/", "file/." and "file/.." fail on the node too.
+			if !curDir {
+				return "", chain, &fs.PathError{Op: "resolve", Path: p, Err: syscall.ENOTDIR}
+			}
+			if c == ".." {
+				cur = path.Dir(cur)
+			}
 			continue
 		}
 		next := path.Join(cur, c)
 		fi, err := os.Lstat(filepath.Join(root, next))
 		if err != nil {
 			// Leave the rest unresolved; the caller's read reports it.
+			// Unless the rest climbs back out with "..": the node stops
+			// at the missing component, a lexical ".." would not.
+			for _, r := range pending {
+				if r == ".." {
+					return "", chain, &fs.PathError{Op: "resolve", Path: p, Err: unwrapPathErr(err)}
+				}
+			}
 			rest := path.Join(append([]string{next}, pending...)...)
 			return filepath.Join(root, rest), chain, nil
 		}
 		if fi.Mode()&fs.ModeSymlink == 0 {
-			cur = next
+			cur, curDir = next, fi.IsDir()
 			continue
 		}
 		hops++

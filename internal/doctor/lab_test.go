@@ -26,30 +26,25 @@ func resultByID(rep Report, id string) Result {
 	return Result{}
 }
 
-// TestLiveAgainstLab points the live checks at the node namespace of a real
-// `dnsrace lab` snat-port run: its DNS VIP is DNATed at random to two
-// backends, it SNATs without random-fully, and its insert_failed counter
-// rises while glibc clients race for 16 SNAT ports.
+// TestLiveAgainstLab points the live kube-proxy check at the node
+// namespace of a standing `dnsrace lab` snat-port topology: its DNS VIP is
+// DNATed at random to two backends and it SNATs without random-fully. The
+// rules exist from the start, so no traffic is needed (the counters are
+// TestLiveConntrackAgainstLab's).
 func TestLiveAgainstLab(t *testing.T) {
 	testutil.RequireRoot(t)
 	sc, err := lab.LookupScenario("snat-port")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep Report
-	labRep, err := lab.Run(context.Background(), lab.RunConfig{
-		Prefix: "dnsrace-td",
-		Drive:  lab.DriveConfig{Scenario: sc},
-		OnUp: func(l *lab.Lab) error {
-			// Counters are cumulative: read them after the traffic, so
-			// run doctor from a second drive's end instead. Here only
-			// check the rules, which exist from the start.
-			r, err := Run(context.Background(), Config{Root: "/", Live: true,
-				NetNS: []string{nsutil.Path(l.Topology.NodeNS())}, Checks: []string{"kube-proxy"}})
-			rep = r
-			return err
-		},
-	})
+	topo := sc.Topology("dnsrace-td", sc.Pods)
+	l, err := lab.Up(topo, sc.Server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Down()
+	rep, err := Run(context.Background(), Config{Root: "/", Live: true,
+		NetNS: []string{nsutil.Path(topo.NodeNS())}, Checks: []string{"kube-proxy"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,9 +59,6 @@ func TestLiveAgainstLab(t *testing.T) {
 		if !strings.Contains(ev, want) {
 			t.Errorf("kube-proxy evidence lacks %q:\n%s", want, ev)
 		}
-	}
-	if labRep.Conntrack.InsertFailed == 0 {
-		t.Skip("the lab run raised no insert_failed: nothing for the conntrack check to see")
 	}
 }
 
@@ -84,12 +76,19 @@ func TestLiveConntrackAgainstLab(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Down()
-	labRep, err := l.Drive(context.Background(), lab.DriveConfig{Scenario: sc})
-	if err != nil {
-		t.Fatal(err)
+	// The race needs both CPUs at once: drive again (bounded) when a busy
+	// machine gave it none, so the outcome does not depend on the load.
+	var insertFailed uint64
+	for drive := 1; drive <= 3 && insertFailed == 0; drive++ {
+		labRep, err := l.Drive(context.Background(), lab.DriveConfig{Scenario: sc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		insertFailed += labRep.Conntrack.InsertFailed
+		t.Logf("drive %d: %+v", drive, labRep.Conntrack)
 	}
-	if labRep.Conntrack.InsertFailed == 0 {
-		t.Fatalf("snat-port raised no insert_failed: %+v", labRep.Conntrack)
+	if insertFailed == 0 {
+		t.Fatalf("three snat-port drives raised no insert_failed")
 	}
 	rep, err := Run(context.Background(), Config{Root: "/", Live: true,
 		NetNS: []string{nsutil.Path(topo.NodeNS())}, Checks: []string{"conntrack"}})
@@ -99,7 +98,7 @@ func TestLiveConntrackAgainstLab(t *testing.T) {
 	ct := resultByID(rep, "conntrack")
 	ev := strings.Join(ct.Evidence, "\n")
 	if ct.Verdict != Warn && ct.Verdict != Fail {
-		t.Errorf("conntrack verdict %s after %d insert failures, want warn or fail:\n%s", ct.Verdict, labRep.Conntrack.InsertFailed, ev)
+		t.Errorf("conntrack verdict %s after %d insert failures, want warn or fail:\n%s", ct.Verdict, insertFailed, ev)
 	}
 	if !strings.Contains(ev, topo.NodeNS()) || !strings.Contains(ev, "insert_failed") {
 		t.Errorf("conntrack evidence does not show the node namespace's insert_failed:\n%s", ev)

@@ -200,10 +200,18 @@ func TestLiveNetNS(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reading counters: %v", err)
 	}
-	raceTraffic(t, podPath, 2000, true)
-	mid, err := ctstats.Read(path)
-	if err != nil {
-		t.Fatal(err)
+	// Same-socket pairs race only while both CPUs are free at once: more
+	// rounds (bounded) when a busy machine gave the first none.
+	var mid ctstats.Snapshot
+	for round := 1; round <= 5; round++ {
+		raceTraffic(t, podPath, 2000, true)
+		if mid, err = ctstats.Read(path); err != nil {
+			t.Fatal(err)
+		}
+		if mid.Total.ClashResolve > before.Total.ClashResolve || runtime.NumCPU() < 2 {
+			break
+		}
+		t.Logf("round %d of 2000 same-socket pairs: no clash_resolve yet", round)
 	}
 	raceTraffic(t, podPath, 2000, false)
 	after, err := ctstats.Read(path)
@@ -244,7 +252,7 @@ func TestLiveNetNS(t *testing.T) {
 	// Same-socket pairs race in the node's conntrack; the kernel's
 	// clash_resolve counter (5.10+) must show it, and so must doctor.
 	if d1.ClashResolve == 0 && runtime.NumCPU() >= 2 {
-		t.Errorf("2000 same-socket pairs raised no clash_resolve in the node namespace")
+		t.Errorf("5 rounds of 2000 same-socket pairs raised no clash_resolve in the node namespace")
 	}
 	// Two flows squeezed into one masquerade port always collide on the
 	// reply tuple (a race when both are unconfirmed, port exhaustion when

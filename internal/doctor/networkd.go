@@ -89,6 +89,12 @@ func (e *env) parseNetworkFile(p string, nf *networkFile) error {
 	if err != nil {
 		return err
 	}
+	return parseNetworkData(p, data, nf)
+}
+
+// parseNetworkData adds the [Match], [Link] and [Network] keys doctor needs
+// from one .network file or drop-in (named p in errors) to nf.
+func parseNetworkData(p string, data []byte, nf *networkFile) error {
 	section := ""
 	sc := bufio.NewScanner(strings.NewReader(string(data)))
 	for sc.Scan() {

@@ -78,16 +78,6 @@ func FuzzParseResolvConf(f *testing.F) {
 	})
 }
 
-func FuzzParseRules(f *testing.F) {
-	f.Add("*nat\n-A KUBE-SVC-X -m statistic --mode random --probability 0.5 -j KUBE-SEP-A\n-A X -j MASQUERADE\n")
-	f.Add("table ip kube-proxy {\n chain a {\n numgen random mod 2 vmap { 0 : goto b, 1 : goto c }\n masquerade\n }\n}\n")
-	f.Fuzz(func(t *testing.T, s string) {
-		_ = parseIptablesSave("f", s)
-		_ = parseNftText("f", s)
-		_, _ = parseCTStat([]byte(s))
-	})
-}
-
 // The shape kube-proxy's nftables mode writes (pkg/proxy/nftables).
 const nftKubeProxy = `table ip kube-proxy {
 	comment "rules for kube-proxy"

@@ -194,6 +194,7 @@ var (
 	reNftTable  = regexp.MustCompile(`^table (\S+) (\S+) \{`)
 	reNftChain  = regexp.MustCompile(`^chain (\S+) \{`)
 	reNftTarget = regexp.MustCompile(`(?:goto|jump) (\S+)`)
+	reNftRandom = regexp.MustCompile(`\brandom\b`)
 )
 
 // parseNftText reads `nft list ruleset` output: tables, chains and rules,
@@ -275,7 +276,7 @@ func parseNftText(source, text string) ruleFacts {
 				rest := strings.Join(words[i:], " ")
 				f.NAT = append(f.NAT, natRule{Source: source, Where: where, Kind: w,
 					FullyRandom: strings.Contains(rest, "fully-random"),
-					Random:      regexp.MustCompile(`\brandom\b`).MatchString(strings.ReplaceAll(rest, "fully-random", "")),
+					Random:      reNftRandom.MatchString(strings.ReplaceAll(rest, "fully-random", "")),
 					Text:        r.text})
 				break
 			}

@@ -6,110 +6,155 @@ import (
 	"net/netip"
 )
 
-// Raw record layout: struct event in bpf/dnsrace.h, little endian (the byte
-// order of both BPF targets, amd64 and arm64). decode_test.go builds records
-// from the bpf2go-generated type, so a layout change there that these
-// offsets do not follow fails the tests.
+// Raw record layouts: struct rec_query, rec_answer and rec_event in
+// bpf/dnsrace.h, little endian (the byte order of both BPF targets, amd64
+// and arm64). decode_test.go checks these offsets against the
+// bpf2go-generated types, so a layout change there that these do not
+// follow fails the tests.
 const (
-	// RawSize is the size of one ring buffer record.
-	RawSize = 592
-	// RawDNSCap is how many bytes of the DNS message a record can hold.
+	// RawDNSCap is how many bytes of a DNS message a record can hold.
 	RawDNSCap = 272
+	// HdrSize, QuerySize, AnswerSize and EventSize are the fixed parts
+	// of the records; Query and Event records are followed by dns_len
+	// bytes of the DNS message.
+	HdrSize    = 24
+	QuerySize  = 96
+	AnswerSize = 32
+	EventSize  = 288
 
-	offTS       = 0
-	offSkb      = 8
-	offCgroup   = 16
-	offLocation = 24
-	offCTAfter  = 32
-	offNetNS    = 40
-	offIfindex  = 44
-	offPID      = 48
-	offReason   = 52
-	offVerdict  = 56
-	offCPU      = 60
-	offKind     = 62
-	offTier     = 63
-	offComm     = 64
-	offPkt      = 80
-	offCT       = 120
-	offWinner   = 216
-	offDNSLen   = 312
-	offDNS      = 314
+	offTS    = 0
+	offQID   = 8
+	offNetNS = 16
+	offCPU   = 20
+	offType  = 22
+	offTier  = 23
+
+	offQCgroup = 24
+	offQPID    = 32
+	offQDNSLen = 36
+	offQFlags  = 38
+	offQComm   = 40
+	offQTuple  = 56
+
+	offADNSFlags = 24
+
+	offELocation  = 24
+	offECTAfter   = 32
+	offEWinnerQID = 40
+	offEReason    = 48
+	offEDNSLen    = 52
+	offEKind      = 54
+	offEFlags     = 55
+	offEPkt       = 56
+	offECT        = 96
+	offEWinner    = 192
 
 	// struct tuple
-	tupleSize   = 40
-	tupSaddr    = 0
-	tupDaddr    = 16
-	tupSport    = 32
-	tupDport    = 34
-	tupFamily   = 36
-	tupProto    = 37
+	tupleSize = 40
+	tupSaddr  = 0
+	tupDaddr  = 16
+	tupSport  = 32
+	tupDport  = 34
+	tupFamily = 36
+	tupProto  = 37
+	// struct ct
+	ctSize      = 96
 	ctPtr       = 0
 	ctStatus    = 8
 	ctOrig      = 16
 	ctReply     = 16 + tupleSize
 	dnsHeaderSz = 12
+
+	recQuery  = 1
+	recAnswer = 2
+	recEvent  = 3
 )
 
 // Errors Decode returns. They are values, so a failed decode does not
 // allocate either.
 var (
-	ErrShortRecord = errors.New("event: record shorter than the raw event")
-	ErrBadKind     = errors.New("event: record has an unknown kind")
+	ErrShortRecord = errors.New("event: record shorter than its type's fixed part")
+	ErrBadKind     = errors.New("event: record has an unknown type or kind")
+	ErrBadLength   = errors.New("event: record's DNS length exceeds the record")
 )
 
 var le = binary.LittleEndian
 
-// Decode fills e from one raw ring buffer record (struct event of
-// bpf/dnsrace.h). It overwrites every field of e, keeps no reference to raw
-// and does not allocate, so a reader can reuse one Event for every record.
+// Decode fills e from one raw ring buffer record (struct rec_query,
+// rec_answer or rec_event of bpf/dnsrace.h). It overwrites every field of
+// e, keeps no reference to raw and does not allocate, so a reader can reuse
+// one Event for every record.
 //
-// Packet, CT and Winner tuples are invalid (zero) when the kernel side had
-// no address family for them. DNS is decoded from the captured start of the
-// message: DNS.Valid is set when the 12-byte header was captured and the
-// first question name is well formed as far as it was captured (no
-// compression pointers or reserved label types, at most 255 wire bytes);
-// the name is converted to dotted form, bytes outside printable ASCII and
-// dots inside a label are shown as '?'; NameTruncated is set when the name
-// was cut at MaxName or the capture ended inside it; QType is 0 when it was
-// not captured.
+// Tuples are invalid (zero) when the kernel side had no address family for
+// them. DNS is decoded from the captured start of the message: DNS.Valid is
+// set when the 12-byte header was captured and the first question name is
+// well formed as far as it was captured (no compression pointers or
+// reserved label types, at most 255 wire bytes); the name is converted to
+// dotted form, bytes outside printable ASCII and dots inside a label are
+// shown as '?'; NameTruncated is set when the name was cut at MaxName or
+// the capture ended inside it; QType is 0 when it was not captured.
 func Decode(raw []byte, e *Event) error {
-	if len(raw) < RawSize {
-		*e = Event{}
+	*e = Event{}
+	if len(raw) < HdrSize {
 		return ErrShortRecord
 	}
-	raw = raw[:RawSize]
-	kind := Kind(raw[offKind])
-	if kind == KindInvalid || kind >= kindMax {
-		*e = Event{}
-		return ErrBadKind
+	e.TimeNs = le.Uint64(raw[offTS:])
+	e.QID = le.Uint64(raw[offQID:])
+	e.NetNS = le.Uint32(raw[offNetNS:])
+	e.CPU = le.Uint16(raw[offCPU:])
+	e.Tier = Tier(raw[offTier])
+	switch raw[offType] {
+	case recQuery:
+		if len(raw) < QuerySize {
+			return ErrShortRecord
+		}
+		e.Kind = KindQuery
+		e.Cgroup = le.Uint64(raw[offQCgroup:])
+		e.PID = le.Uint32(raw[offQPID:])
+		e.Flags = raw[offQFlags]
+		copy(e.Comm[:], raw[offQComm:offQComm+16])
+		e.Packet = decodeTuple(raw[offQTuple : offQTuple+tupleSize])
+		return decodeTail(raw, QuerySize, int(le.Uint16(raw[offQDNSLen:])), &e.DNS)
+	case recAnswer:
+		if len(raw) < AnswerSize {
+			return ErrShortRecord
+		}
+		e.Kind = KindAnswer
+		e.Flags = FlagResponse
+		flags := le.Uint16(raw[offADNSFlags:])
+		e.DNS.Response = flags&0x8000 != 0
+		e.DNS.Rcode = uint8(flags & 0xf)
+		return nil
+	case recEvent:
+		if len(raw) < EventSize {
+			return ErrShortRecord
+		}
+		k := raw[offEKind]
+		if k == 0 || int(k)+int(KindDrop)-1 >= int(kindMax) {
+			return ErrBadKind
+		}
+		e.Kind = Kind(k) + KindDrop - 1
+		e.Flags = raw[offEFlags]
+		e.Location = le.Uint64(raw[offELocation:])
+		e.CTAfter = le.Uint64(raw[offECTAfter:])
+		e.WinnerQID = le.Uint64(raw[offEWinnerQID:])
+		e.Reason = le.Uint32(raw[offEReason:])
+		e.Packet = decodeTuple(raw[offEPkt : offEPkt+tupleSize])
+		decodeCT(raw[offECT:offECT+ctSize], &e.CT)
+		decodeCT(raw[offEWinner:offEWinner+ctSize], &e.Winner)
+		return decodeTail(raw, EventSize, int(le.Uint16(raw[offEDNSLen:])), &e.DNS)
 	}
+	e.Kind = KindInvalid
+	return ErrBadKind
+}
 
-	*e = Event{
-		Kind:     kind,
-		Tier:     Tier(raw[offTier]),
-		TimeNs:   le.Uint64(raw[offTS:]),
-		CPU:      le.Uint16(raw[offCPU:]),
-		NetNS:    le.Uint32(raw[offNetNS:]),
-		Ifindex:  le.Uint32(raw[offIfindex:]),
-		PID:      le.Uint32(raw[offPID:]),
-		Cgroup:   le.Uint64(raw[offCgroup:]),
-		Skb:      le.Uint64(raw[offSkb:]),
-		CTAfter:  le.Uint64(raw[offCTAfter:]),
-		Verdict:  int32(le.Uint32(raw[offVerdict:])),
-		Reason:   le.Uint32(raw[offReason:]),
-		Location: le.Uint64(raw[offLocation:]),
+// decodeTail decodes the n bytes of DNS message after a record's fixed
+// part.
+func decodeTail(raw []byte, fixed, n int, d *DNS) error {
+	if n > RawDNSCap || fixed+n > len(raw) {
+		return ErrBadLength
 	}
-	copy(e.Comm[:], raw[offComm:offComm+16])
-	e.Packet = decodeTuple(raw[offPkt : offPkt+tupleSize])
-	decodeCT(raw[offCT:offCT+16+2*tupleSize], &e.CT)
-	decodeCT(raw[offWinner:offWinner+16+2*tupleSize], &e.Winner)
-
-	n := int(le.Uint16(raw[offDNSLen:]))
-	if n > RawDNSCap {
-		n = RawDNSCap
-	}
-	decodeDNS(raw[offDNS:offDNS+n], &e.DNS)
+	decodeDNS(raw[fixed:fixed+n], d)
 	return nil
 }
 

@@ -21,43 +21,70 @@ type rawTuple = struct {
 	Pad    [2]uint8
 }
 
-func rawBytes(ev *bpf.DnsraceEvent) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(ev)), unsafe.Sizeof(*ev))
+func bytesOf[T any](v *T) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(v)), unsafe.Sizeof(*v))
 }
 
-// TestLayout pins Decode's offsets to the bpf2go-generated struct event.
+// queryRecord is a raw QUERY record: the generated fixed part, then msg.
+func queryRecord(q *bpf.DnsraceRecQuery, msg []byte) []byte {
+	q.H.Type = uint8(bpf.DnsraceRecTypeREC_QUERY)
+	q.DnsLen = uint16(len(msg))
+	return append(append([]byte{}, bytesOf(q)...), msg...)
+}
+
+// eventRecord is a raw EVENT record: the generated fixed part, then msg.
+func eventRecord(ev *bpf.DnsraceRecEvent, msg []byte) []byte {
+	ev.H.Type = uint8(bpf.DnsraceRecTypeREC_EVENT)
+	ev.DnsLen = uint16(len(msg))
+	return append(append([]byte{}, bytesOf(ev)...), msg...)
+}
+
+// TestLayout pins Decode's offsets to the bpf2go-generated records.
 func TestLayout(t *testing.T) {
-	var ev bpf.DnsraceEvent
+	var q bpf.DnsraceRecQuery
+	var a bpf.DnsraceRecAnswer
+	var ev bpf.DnsraceRecEvent
 	checks := []struct {
 		name      string
 		got, want uintptr
 	}{
-		{"size", unsafe.Sizeof(ev), RawSize},
-		{"dns cap", unsafe.Sizeof(ev.Dns), RawDNSCap},
-		{"ts", unsafe.Offsetof(ev.Ts), offTS},
-		{"skb", unsafe.Offsetof(ev.Skb), offSkb},
-		{"cgroup", unsafe.Offsetof(ev.Cgroup), offCgroup},
-		{"location", unsafe.Offsetof(ev.Location), offLocation},
-		{"ct_after", unsafe.Offsetof(ev.CtAfter), offCTAfter},
-		{"netns", unsafe.Offsetof(ev.Netns), offNetNS},
-		{"ifindex", unsafe.Offsetof(ev.Ifindex), offIfindex},
-		{"pid", unsafe.Offsetof(ev.Pid), offPID},
-		{"reason", unsafe.Offsetof(ev.Reason), offReason},
-		{"verdict", unsafe.Offsetof(ev.Verdict), offVerdict},
-		{"cpu", unsafe.Offsetof(ev.Cpu), offCPU},
-		{"kind", unsafe.Offsetof(ev.Kind), offKind},
-		{"tier", unsafe.Offsetof(ev.Tier), offTier},
-		{"comm", unsafe.Offsetof(ev.Comm), offComm},
-		{"pkt", unsafe.Offsetof(ev.Pkt), offPkt},
-		{"ct", unsafe.Offsetof(ev.Ct), offCT},
-		{"winner", unsafe.Offsetof(ev.Winner), offWinner},
-		{"dns_len", unsafe.Offsetof(ev.DnsLen), offDNSLen},
-		{"dns", unsafe.Offsetof(ev.Dns), offDNS},
+		{"hdr size", unsafe.Sizeof(q.H), HdrSize},
+		{"ts", unsafe.Offsetof(q.H.Ts), offTS},
+		{"qid", unsafe.Offsetof(q.H.Qid), offQID},
+		{"netns", unsafe.Offsetof(q.H.Netns), offNetNS},
+		{"cpu", unsafe.Offsetof(q.H.Cpu), offCPU},
+		{"type", unsafe.Offsetof(q.H.Type), offType},
+		{"tier", unsafe.Offsetof(q.H.Tier), offTier},
+
+		{"query size", unsafe.Sizeof(q), QuerySize},
+		{"query cgroup", unsafe.Offsetof(q.Cgroup), offQCgroup},
+		{"query pid", unsafe.Offsetof(q.Pid), offQPID},
+		{"query dns_len", unsafe.Offsetof(q.DnsLen), offQDNSLen},
+		{"query flags", unsafe.Offsetof(q.Flags), offQFlags},
+		{"query comm", unsafe.Offsetof(q.Comm), offQComm},
+		{"query tuple", unsafe.Offsetof(q.T), offQTuple},
+
+		{"answer size", unsafe.Sizeof(a), AnswerSize},
+		{"answer dns_flags", unsafe.Offsetof(a.DnsFlags), offADNSFlags},
+
+		{"event size", unsafe.Sizeof(ev), EventSize},
+		{"event location", unsafe.Offsetof(ev.Location), offELocation},
+		{"event ct_after", unsafe.Offsetof(ev.CtAfter), offECTAfter},
+		{"event winner_qid", unsafe.Offsetof(ev.WinnerQid), offEWinnerQID},
+		{"event reason", unsafe.Offsetof(ev.Reason), offEReason},
+		{"event dns_len", unsafe.Offsetof(ev.DnsLen), offEDNSLen},
+		{"event kind", unsafe.Offsetof(ev.Kind), offEKind},
+		{"event flags", unsafe.Offsetof(ev.Flags), offEFlags},
+		{"event pkt", unsafe.Offsetof(ev.Pkt), offEPkt},
+		{"event ct", unsafe.Offsetof(ev.Ct), offECT},
+		{"event winner", unsafe.Offsetof(ev.Winner), offEWinner},
+
 		{"tuple size", unsafe.Sizeof(ev.Pkt), tupleSize},
 		{"tuple sport", unsafe.Offsetof(ev.Pkt.Sport), tupSport},
 		{"tuple dport", unsafe.Offsetof(ev.Pkt.Dport), tupDport},
 		{"tuple family", unsafe.Offsetof(ev.Pkt.Family), tupFamily},
 		{"tuple proto", unsafe.Offsetof(ev.Pkt.Proto), tupProto},
+		{"ct size", unsafe.Sizeof(ev.Ct), ctSize},
 		{"ct status", unsafe.Offsetof(ev.Ct.Status), ctStatus},
 		{"ct orig", unsafe.Offsetof(ev.Ct.Orig), ctOrig},
 		{"ct reply", unsafe.Offsetof(ev.Ct.Reply), ctReply},
@@ -69,21 +96,32 @@ func TestLayout(t *testing.T) {
 	}
 }
 
-func TestKindTierValues(t *testing.T) {
-	kinds := map[bpf.DnsraceKind]Kind{
-		bpf.DnsraceKindKIND_INVALID: KindInvalid, bpf.DnsraceKindKIND_SEND: KindSend,
-		bpf.DnsraceKindKIND_XMIT: KindXmit, bpf.DnsraceKindKIND_RECV: KindRecv,
-		bpf.DnsraceKindKIND_DELIVER: KindDeliver, bpf.DnsraceKindKIND_DROP: KindDrop,
-		bpf.DnsraceKindKIND_CONFIRM: KindConfirm, bpf.DnsraceKindKIND_CLASH: KindClash,
-		bpf.DnsraceKindKIND_CT_FREE: KindCTFree, bpf.DnsraceKindKIND_RCVBUF_FULL: KindRcvbufFull,
+// TestEnumValues pins the Go constants to the C enums.
+func TestEnumValues(t *testing.T) {
+	types := map[bpf.DnsraceRecType]uint8{
+		bpf.DnsraceRecTypeREC_QUERY: recQuery, bpf.DnsraceRecTypeREC_ANSWER: recAnswer, bpf.DnsraceRecTypeREC_EVENT: recEvent,
 	}
-	for c, g := range kinds {
+	for c, g := range types {
 		if uint32(c) != uint32(g) {
-			t.Errorf("C kind %d is Go kind %v (%d)", c, g, g)
+			t.Errorf("C record type %d is Go %d", c, g)
 		}
 	}
-	if len(kinds) != int(kindMax) {
-		t.Errorf("C has %d kinds, Go %d", len(kinds), kindMax)
+	kinds := map[bpf.DnsraceEvKind]Kind{
+		bpf.DnsraceEvKindEV_DROP: KindDrop, bpf.DnsraceEvKindEV_CONFIRM_DROP: KindConfirmDrop,
+		bpf.DnsraceEvKindEV_MERGED: KindMerged, bpf.DnsraceEvKindEV_NAT_CLASH: KindNATClash,
+		bpf.DnsraceEvKindEV_CT_FREED: KindCTFreed, bpf.DnsraceEvKindEV_WINNER: KindWinner,
+		bpf.DnsraceEvKindEV_RCVBUF_FULL: KindRcvbufFull, bpf.DnsraceEvKindEV_CT_NETNS: KindCTNetNS,
+	}
+	for c, g := range kinds {
+		var ev bpf.DnsraceRecEvent
+		ev.Kind = uint8(c)
+		var e Event
+		if err := Decode(eventRecord(&ev, nil), &e); err != nil || e.Kind != g {
+			t.Errorf("C kind %d decodes to %v (%v), want %v", c, e.Kind, err, g)
+		}
+	}
+	if len(kinds)+int(KindDrop) != int(kindMax) {
+		t.Errorf("C has %d event kinds, Go %d", len(kinds), int(kindMax)-int(KindDrop))
 	}
 	tiers := map[bpf.DnsraceTier]Tier{
 		bpf.DnsraceTierTIER_NONE: TierNone, bpf.DnsraceTierTIER_TRACEPOINT: TierTracepoint,
@@ -92,6 +130,24 @@ func TestKindTierValues(t *testing.T) {
 	for c, g := range tiers {
 		if uint32(c) != uint32(g) {
 			t.Errorf("C tier %d is Go tier %v (%d)", c, g, g)
+		}
+	}
+	flags := map[bpf.DnsraceRecFlags]int{
+		bpf.DnsraceRecFlagsRF_NO_SOCKET: FlagNoSocket, bpf.DnsraceRecFlagsRF_RESPONSE: FlagResponse,
+		bpf.DnsraceRecFlagsRF_WINNER: FlagWinner,
+	}
+	for c, g := range flags {
+		if int(c) != g {
+			t.Errorf("C flag %d is Go %d", c, g)
+		}
+	}
+	stats := map[bpf.DnsraceDnsraceStat]int{
+		bpf.DnsraceDnsraceStatSTAT_RING_LOST: StatRingLost, bpf.DnsraceDnsraceStatSTAT_FLOWS_NEW: StatFlowsNew,
+		bpf.DnsraceDnsraceStatSTAT_FLOWS_ANSWERED: StatFlowsAnswered, bpf.DnsraceDnsraceStatSTAT_MAX: StatMax,
+	}
+	for c, g := range stats {
+		if int(c) != g {
+			t.Errorf("C stat %d is Go %d", c, g)
 		}
 	}
 }
@@ -108,10 +164,6 @@ func query(t testing.TB, name string, qtype uint16) []byte {
 	return b
 }
 
-func setDNS(ev *bpf.DnsraceEvent, msg []byte) {
-	ev.DnsLen = uint16(copy(ev.Dns[:], msg))
-}
-
 func v4Tuple(src, dst string, sport, dport uint16) (tp rawTuple) {
 	s, d := netip.MustParseAddr(src).As4(), netip.MustParseAddr(dst).As4()
 	copy(tp.Saddr[:], s[:])
@@ -120,29 +172,20 @@ func v4Tuple(src, dst string, sport, dport uint16) (tp rawTuple) {
 	return tp
 }
 
-func TestDecodeIPv4Query(t *testing.T) {
-	var ev bpf.DnsraceEvent
-	ev.Ts, ev.Skb, ev.Cgroup = 111, 0xffff888812345678, 77
-	ev.Netns, ev.Ifindex, ev.Pid, ev.Verdict, ev.Cpu = 4026531840, 3, 4242, -1, 1
-	ev.Kind, ev.Tier = uint8(KindXmit), uint8(TierTracepoint)
-	copy(ev.Comm[:], "getent")
+func TestDecodeQuery(t *testing.T) {
+	var q bpf.DnsraceRecQuery
+	q.H.Ts, q.H.Qid, q.H.Netns, q.H.Cpu, q.H.Tier = 111, 1<<48|7, 4026531840, 1, uint8(TierFentry)
+	q.Cgroup, q.Pid, q.Flags = 77, 4242, FlagNoSocket
+	copy(q.Comm[:], "getent")
 	tp := v4Tuple("10.0.0.1", "10.96.0.10", 40000, 53)
-	ev.Pkt.Saddr, ev.Pkt.Daddr, ev.Pkt.Sport, ev.Pkt.Dport, ev.Pkt.Family, ev.Pkt.Proto =
-		tp.Saddr, tp.Daddr, tp.Sport, tp.Dport, tp.Family, tp.Proto
-	ev.Ct.Ptr, ev.Ct.Status = 0xffff8888aaaa0000, IPSDstNAT
-	ev.Ct.Orig.Saddr, ev.Ct.Orig.Daddr, ev.Ct.Orig.Sport, ev.Ct.Orig.Dport, ev.Ct.Orig.Family, ev.Ct.Orig.Proto =
-		tp.Saddr, tp.Daddr, tp.Sport, tp.Dport, tp.Family, tp.Proto
-	rp := v4Tuple("10.244.1.5", "10.0.0.1", 53, 40000)
-	ev.Ct.Reply.Saddr, ev.Ct.Reply.Daddr, ev.Ct.Reply.Sport, ev.Ct.Reply.Dport, ev.Ct.Reply.Family, ev.Ct.Reply.Proto =
-		rp.Saddr, rp.Daddr, rp.Sport, rp.Dport, rp.Family, rp.Proto
-	setDNS(&ev, query(t, "kubernetes.default.svc.cluster.local.", dns.TypeAAAA))
+	q.T.Saddr, q.T.Daddr, q.T.Sport, q.T.Dport, q.T.Family, q.T.Proto = tp.Saddr, tp.Daddr, tp.Sport, tp.Dport, tp.Family, tp.Proto
 
 	var e Event
-	if err := Decode(rawBytes(&ev), &e); err != nil {
+	if err := Decode(queryRecord(&q, query(t, "kubernetes.default.svc.cluster.local.", dns.TypeAAAA)), &e); err != nil {
 		t.Fatal(err)
 	}
-	if e.Kind != KindXmit || e.Tier != TierTracepoint || e.TimeNs != 111 || e.Skb != 0xffff888812345678 ||
-		e.NetNS != 4026531840 || e.Ifindex != 3 || e.PID != 4242 || e.CPU != 1 || e.Verdict != -1 || e.Cgroup != 77 {
+	if e.Kind != KindQuery || e.Tier != TierFentry || e.TimeNs != 111 || e.QID != 1<<48|7 ||
+		e.NetNS != 4026531840 || e.PID != 4242 || e.CPU != 1 || e.Cgroup != 77 || e.Flags != FlagNoSocket {
 		t.Errorf("scalars: %+v", e)
 	}
 	if e.CommString() != "getent" {
@@ -151,15 +194,6 @@ func TestDecodeIPv4Query(t *testing.T) {
 	if got := e.Packet.String(); got != "10.0.0.1:40000->10.96.0.10:53" || e.Packet.Proto != 17 {
 		t.Errorf("packet %s proto %d", got, e.Packet.Proto)
 	}
-	if e.CT.Ptr != 0xffff8888aaaa0000 || e.CT.Status != IPSDstNAT || e.CT.Confirmed() {
-		t.Errorf("ct %+v", e.CT)
-	}
-	if e.CT.Reply.String() != "10.244.1.5:53->10.0.0.1:40000" || e.CT.Orig != e.Packet {
-		t.Errorf("ct tuples %s / %s", e.CT.Orig, e.CT.Reply)
-	}
-	if e.Winner.Ptr != 0 || e.Winner.Orig.IsValid() {
-		t.Errorf("winner should be empty: %+v", e.Winner)
-	}
 	d := e.DNS
 	if !d.Valid || d.ID != 0x1234 || d.Response || d.QType != dns.TypeAAAA || d.NameTruncated ||
 		d.QName() != "kubernetes.default.svc.cluster.local" {
@@ -167,24 +201,54 @@ func TestDecodeIPv4Query(t *testing.T) {
 	}
 }
 
-func TestDecodeIPv6Response(t *testing.T) {
-	var ev bpf.DnsraceEvent
-	ev.Kind, ev.Tier = uint8(KindDeliver), uint8(TierTracepoint)
+func TestDecodeAnswer(t *testing.T) {
+	var a bpf.DnsraceRecAnswer
+	a.H.Type, a.H.Qid, a.H.Netns = uint8(bpf.DnsraceRecTypeREC_ANSWER), 9, 5
+	a.DnsFlags = 0x8183 // response, NXDOMAIN
+	var e Event
+	if err := Decode(bytesOf(&a), &e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Kind != KindAnswer || e.QID != 9 || e.NetNS != 5 || !e.Response() || !e.DNS.Response || e.DNS.Rcode != dns.RcodeNameError {
+		t.Errorf("answer %+v", e)
+	}
+}
+
+func TestDecodeDropOfUnmatchedAnswer(t *testing.T) {
+	var ev bpf.DnsraceRecEvent
+	ev.Kind, ev.Flags = uint8(bpf.DnsraceEvKindEV_DROP), FlagResponse|FlagWinner
+	ev.Location, ev.Reason, ev.WinnerQid = 0xffffffff81234567, 77, 12
 	s, d := netip.MustParseAddr("fd00::53"), netip.MustParseAddr("fd00::1")
 	ev.Pkt.Saddr, ev.Pkt.Daddr = s.As16(), d.As16()
 	ev.Pkt.Sport, ev.Pkt.Dport, ev.Pkt.Family, ev.Pkt.Proto = 53, 5353, 6, 17
+	ev.Ct.Ptr, ev.Ct.Status = 0xffff8888aaaa0000, IPSDstNAT
+	tp := v4Tuple("10.0.0.1", "10.96.0.10", 40000, 53)
+	ev.Ct.Orig.Saddr, ev.Ct.Orig.Daddr, ev.Ct.Orig.Sport, ev.Ct.Orig.Dport, ev.Ct.Orig.Family, ev.Ct.Orig.Proto =
+		tp.Saddr, tp.Daddr, tp.Sport, tp.Dport, tp.Family, tp.Proto
+	rp := v4Tuple("10.244.1.5", "10.0.0.1", 53, 40000)
+	ev.Winner.Ptr, ev.Winner.Status = 0xffff8888bbbb0000, IPSConfirmed
+	ev.Winner.Reply.Saddr, ev.Winner.Reply.Daddr, ev.Winner.Reply.Sport, ev.Winner.Reply.Dport, ev.Winner.Reply.Family, ev.Winner.Reply.Proto =
+		rp.Saddr, rp.Daddr, rp.Sport, rp.Dport, rp.Family, rp.Proto
 	m := new(dns.Msg)
 	m.SetQuestion("example.org.", dns.TypeA)
 	m.Response, m.Rcode, m.Id = true, dns.RcodeNameError, 7
 	b, _ := m.Pack()
-	setDNS(&ev, b)
 
 	var e Event
-	if err := Decode(rawBytes(&ev), &e); err != nil {
+	if err := Decode(eventRecord(&ev, b), &e); err != nil {
 		t.Fatal(err)
+	}
+	if e.Kind != KindDrop || e.Location != 0xffffffff81234567 || e.Reason != 77 || e.WinnerQID != 12 || !e.Response() {
+		t.Errorf("scalars %+v", e)
 	}
 	if e.Packet.String() != "[fd00::53]:53->[fd00::1]:5353" {
 		t.Errorf("packet %s", e.Packet)
+	}
+	if e.CT.Ptr != 0xffff8888aaaa0000 || e.CT.Status != IPSDstNAT || e.CT.Confirmed() || e.CT.Orig.String() != "10.0.0.1:40000->10.96.0.10:53" {
+		t.Errorf("ct %+v", e.CT)
+	}
+	if !e.Winner.Confirmed() || e.Winner.Reply.String() != "10.244.1.5:53->10.0.0.1:40000" || e.Winner.Orig.IsValid() {
+		t.Errorf("winner %+v", e.Winner)
 	}
 	if !e.DNS.Valid || !e.DNS.Response || e.DNS.Rcode != dns.RcodeNameError || e.DNS.ID != 7 ||
 		e.DNS.QName() != "example.org" || e.DNS.QType != dns.TypeA {
@@ -216,11 +280,9 @@ func TestDecodeNames(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			var ev bpf.DnsraceEvent
-			ev.Kind = uint8(KindDrop)
-			setDNS(&ev, c.msg)
+			var q bpf.DnsraceRecQuery
 			var e Event
-			if err := Decode(rawBytes(&ev), &e); err != nil {
+			if err := Decode(queryRecord(&q, c.msg), &e); err != nil {
 				t.Fatal(err)
 			}
 			d := e.DNS
@@ -233,34 +295,43 @@ func TestDecodeNames(t *testing.T) {
 }
 
 func TestDecodeErrors(t *testing.T) {
-	var ev bpf.DnsraceEvent
-	ev.Kind = uint8(KindSend)
-	raw := rawBytes(&ev)
+	var q bpf.DnsraceRecQuery
+	raw := queryRecord(&q, query(t, "example.com.", dns.TypeA))
 	var e Event
-	if err := Decode(raw[:RawSize-1], &e); err != ErrShortRecord {
-		t.Errorf("short: %v", err)
+	if err := Decode(raw[:QuerySize-1], &e); err != ErrShortRecord {
+		t.Errorf("short query: %v", err)
 	}
-	ev.Kind = 0
-	if err := Decode(raw, &e); err != ErrBadKind {
-		t.Errorf("kind 0: %v", err)
+	if err := Decode(raw[:HdrSize-1], &e); err != ErrShortRecord {
+		t.Errorf("short header: %v", err)
 	}
-	ev.Kind = 200
-	if err := Decode(raw, &e); err != ErrBadKind {
-		t.Errorf("kind 200: %v", err)
+	if err := Decode(raw[:len(raw)-1], &e); err != ErrBadLength {
+		t.Errorf("dns_len past the record: %v", err)
 	}
-	ev.Kind = uint8(KindSend)
-	ev.DnsLen = 0xffff // more than the record holds: clamped
-	if err := Decode(raw, &e); err != nil {
+	for _, typ := range []uint8{0, 4, 200} {
+		raw[offType] = typ
+		if err := Decode(raw, &e); err != ErrBadKind || e.Kind != KindInvalid {
+			t.Errorf("type %d: %v, kind %v", typ, err, e.Kind)
+		}
+	}
+	var ev bpf.DnsraceRecEvent
+	for _, k := range []uint8{0, 9, 255} {
+		ev.Kind = k
+		if err := Decode(eventRecord(&ev, nil), &e); err != ErrBadKind {
+			t.Errorf("event kind %d: %v", k, err)
+		}
+	}
+	ev.Kind = uint8(bpf.DnsraceEvKindEV_DROP)
+	rec := eventRecord(&ev, nil)
+	rec[offEDNSLen] = 0xff // more than RawDNSCap
+	if err := Decode(rec, &e); err != ErrBadLength {
 		t.Errorf("oversized dns_len: %v", err)
 	}
 }
 
 func BenchmarkDecode(b *testing.B) {
-	var ev bpf.DnsraceEvent
-	ev.Kind, ev.Pkt.Family = uint8(KindXmit), 6
-	ev.Ct.Ptr, ev.Ct.Orig.Family, ev.Ct.Reply.Family = 1, 6, 6
-	setDNS(&ev, query(b, "kubernetes.default.svc.cluster.local.", dns.TypeAAAA))
-	raw := rawBytes(&ev)
+	var q bpf.DnsraceRecQuery
+	q.T.Family = 6
+	raw := queryRecord(&q, query(b, "kubernetes.default.svc.cluster.local.", dns.TypeAAAA))
 	var e Event
 	b.ReportAllocs()
 	for b.Loop() {

@@ -5,41 +5,53 @@ import (
 	"net/netip"
 )
 
-// Kind says which hook produced an event.
+// Kind says what a record reports. The kernel side sends a Query when a
+// query is first seen, an Answer when its answer reaches the asking
+// namespace, and one of the other kinds only when something happens that
+// user space must explain; hops that change nothing send nothing.
 type Kind uint8
 
 const (
 	KindInvalid Kind = iota
-	// KindSend: a DNS datagram handed to udp_sendmsg/udpv6_sendmsg
-	// (fentry/kprobe tiers). Packet holds the socket's 5-tuple.
-	KindSend
-	// KindXmit: a DNS packet queued on a device (net:net_dev_queue). In the
-	// tracepoint tier this is where a pod's query is first seen (its veth).
-	KindXmit
-	// KindRecv: a DNS packet received by a device (net:netif_receive_skb).
-	KindRecv
-	// KindDeliver: a DNS datagram copied to a socket
-	// (skb:skb_copy_datagram_iovec): the answer reached the resolver.
-	KindDeliver
-	// KindDrop: a DNS packet freed with a drop reason (skb:kfree_skb).
+	// KindQuery: a DNS query first seen (its send, or the first device or
+	// drop hook). Packet is the asking socket's tuple (original
+	// direction), DNS its question; QID names it from now on.
+	KindQuery
+	// KindAnswer: the answer to QID reached the asking namespace (or
+	// socket). DNS.Rcode and DNS.Response are set, nothing else of DNS.
+	KindAnswer
+	// KindDrop: a DNS packet freed by skb:kfree_skb: Reason (0 before
+	// 5.17), Location, its entry (CT) and, in the tracepoint tier, the
+	// entry that held its tuple (Winner, WinnerQID). FlagResponse marks an
+	// answer; an answer no flow expects carries its question in DNS.
 	KindDrop
-	// KindConfirm: __nf_conntrack_confirm returned for a DNS packet
-	// (fexit/kretprobe tiers). Verdict, CT (entry) and CTAfter are set.
-	KindConfirm
-	// KindClash: nf_ct_resolve_clash was entered; Winner is the entry that
-	// was already in the table (fentry/kprobe tiers).
-	KindClash
-	// KindCTFree: an unconfirmed conntrack entry of a DNS flow was freed
-	// (kmem:kmem_cache_free on the nf_conntrack cache): the loser of a
-	// merged clash, or the entry of a packet dropped before confirm.
-	KindCTFree
-	// KindRcvbufFull: udp:udp_fail_queue_rcv_skb, the socket's receive
-	// buffer was full.
+	// KindConfirmDrop: __nf_conntrack_confirm returned NF_DROP for QID's
+	// packet (fentry/kprobe); Winner is nf_ct_resolve_clash's, if called.
+	KindConfirmDrop
+	// KindMerged: confirm returned with the packet on another entry
+	// (CTAfter, also in Winner): the loser CT was merged into the winner.
+	KindMerged
+	// KindNATClash: the loser CT was inserted reply-only with
+	// IPS_NAT_CLASH (kernel >= 5.6); the packet goes on.
+	KindNATClash
+	// KindCTFreed: an unconfirmed DNS entry (CT) freed without its packet
+	// being dropped: a merged loser (tracepoint tier). QID is 0: the
+	// entry's original tuple names the socket.
+	KindCTFreed
+	// KindWinner: the winner of QID's earlier lost race, seen confirmed
+	// after the drop (tracepoint tier).
+	KindWinner
+	// KindRcvbufFull: an answer (to QID when known; else Packet is the
+	// socket's tuple) hit a full socket receive buffer.
 	KindRcvbufFull
+	// KindCTNetNS: the first DNS entry of namespace NetNS: its conntrack
+	// counters take part in the reconciliation from now on.
+	KindCTNetNS
 	kindMax
 )
 
-var kindNames = [...]string{"invalid", "send", "xmit", "recv", "deliver", "drop", "confirm", "clash", "ct_free", "rcvbuf_full"}
+var kindNames = [...]string{"invalid", "query", "answer", "drop", "confirm_drop", "merged", "nat_clash",
+	"ct_freed", "winner", "rcvbuf_full", "ct_netns"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
@@ -47,6 +59,18 @@ func (k Kind) String() string {
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
+
+// Flags of a record (enum rec_flags).
+const (
+	// FlagNoSocket: the query was first seen by a netfilter or drop hook,
+	// not at a local socket's send (forwarded from outside, or the send
+	// hook missed it).
+	FlagNoSocket = 1 << 0
+	// FlagResponse: the packet is a DNS response.
+	FlagResponse = 1 << 1
+	// FlagWinner: Winner is set.
+	FlagWinner = 1 << 2
+)
 
 // Tier is the kind of BPF program that produced an event.
 type Tier uint8
@@ -153,29 +177,35 @@ func (d *DNS) SetQName(name string) {
 // NameBytes returns the stored name without copying.
 func (d *DNS) NameBytes() []byte { return d.name[:d.NameLen] }
 
-// Event is one hook hit. Fields a hook cannot know stay zero.
+// Event is one record. Fields a record does not carry stay zero.
 type Event struct {
-	Kind    Kind
-	Tier    Tier
-	TimeNs  uint64 // CLOCK_MONOTONIC, bpf_ktime_get_ns
-	CPU     uint16
-	NetNS   uint32 // inode of the network namespace the hook ran in
-	Ifindex uint32
-	PID     uint32 // tgid of current, when the hook runs in process context
-	Comm    [16]byte
-	Cgroup  uint64 // cgroup v2 id of current
+	Kind   Kind
+	Tier   Tier
+	Flags  uint8
+	TimeNs uint64 // CLOCK_MONOTONIC, bpf_ktime_get_ns
+	CPU    uint16
+	NetNS  uint32 // inode of the network namespace the hook ran in
+	QID    uint64 // the query this is about; 0 unknown
 
-	Skb    uint64 // sk_buff address: joins events of one packet
-	Packet Tuple  // from the packet's IP/UDP headers (Send: the socket's)
+	// Query: the process that sent it (when the hook ran in its context).
+	PID    uint32
+	Comm   [16]byte
+	Cgroup uint64 // cgroup v2 id of current
+
+	// Query: the asking socket's tuple; other kinds: the packet's header.
+	Packet Tuple
 	DNS    DNS
 
-	CT       CT     // skb's conntrack entry at the hook (Confirm: at entry)
-	CTAfter  uint64 // Confirm: skb's entry on return (differs after a merge)
-	Verdict  int32  // Confirm: 1 NF_ACCEPT, 0 NF_DROP; -1 elsewhere
-	Winner   CT     // Clash: the entry already in the table
-	Reason   uint32 // Drop: enum skb_drop_reason value
-	Location uint64 // Drop: address that freed the skb
+	CT        CT     // the packet's entry (the loser, for a race)
+	Winner    CT     // the entry already in the table (FlagWinner)
+	WinnerQID uint64 // the winner's query, when the kernel side knew it
+	CTAfter   uint64 // Merged: the entry the packet carries on return
+	Reason    uint32 // Drop: enum skb_drop_reason value (0 before 5.17)
+	Location  uint64 // Drop: address that freed the skb
 }
+
+// Response reports whether the record's packet is a DNS response.
+func (e *Event) Response() bool { return e.Flags&FlagResponse != 0 }
 
 // CommString returns Comm up to its first NUL.
 func (e *Event) CommString() string {
@@ -186,3 +216,14 @@ func (e *Event) CommString() string {
 	}
 	return string(e.Comm[:])
 }
+
+// Indexes of the kernel side's per-CPU counters (enum dnsrace_stat).
+const (
+	// StatRingLost: records the ring buffer had no room for.
+	StatRingLost = 0
+	// StatFlowsNew: queries first seen (flows started).
+	StatFlowsNew = 1
+	// StatFlowsAnswered: flows ended because their answer arrived.
+	StatFlowsAnswered = 2
+	StatMax           = 3
+)

@@ -7,30 +7,61 @@ import (
 	"github.com/miekg/dns"
 )
 
-// FuzzDecode feeds arbitrary records and DNS prefixes to Decode: it must
-// never panic, never report a name longer than MaxName, and a record of
-// the right size with a known kind must decode.
+// FuzzDecode feeds arbitrary records to Decode: it must never panic, never
+// report a name longer than MaxName, accept a record only if it is at least
+// its type's fixed part, and decode a well-formed record of every type.
 func FuzzDecode(f *testing.F) {
-	var ev bpf.DnsraceEvent
-	ev.Kind, ev.Pkt.Family = uint8(KindXmit), 4
-	setDNS(&ev, query(f, "example.com.", dns.TypeA))
-	f.Add(append([]byte{}, rawBytes(&ev)...))
+	var q bpf.DnsraceRecQuery
+	q.T.Family = 4
+	f.Add(queryRecord(&q, query(f, "example.com.", dns.TypeA)))
+	var a bpf.DnsraceRecAnswer
+	a.H.Type = recAnswer
+	f.Add(append([]byte{}, bytesOf(&a)...))
+	var ev bpf.DnsraceRecEvent
+	ev.Kind, ev.Flags = uint8(bpf.DnsraceEvKindEV_DROP), FlagResponse
+	f.Add(eventRecord(&ev, query(f, "svc-00.lab.test.", dns.TypeAAAA)))
 	f.Add([]byte{})
-	f.Add(make([]byte, RawSize))
+	f.Add(make([]byte, EventSize))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var e Event
 		err := Decode(raw, &e)
-		if len(raw) >= RawSize && raw[offKind] > 0 && raw[offKind] < uint8(kindMax) && err != nil {
-			t.Fatalf("valid record rejected: %v", err)
-		}
 		if int(e.DNS.NameLen) > MaxName {
 			t.Fatalf("name length %d", e.DNS.NameLen)
 		}
-		// The DNS parser on its own, with the fuzz input as the message.
+		if err == nil {
+			min := map[Kind]int{KindQuery: QuerySize, KindAnswer: AnswerSize}[e.Kind]
+			if e.Kind >= KindDrop {
+				min = EventSize
+			}
+			if e.Kind == KindInvalid || len(raw) < min {
+				t.Fatalf("accepted %d bytes as %v", len(raw), e.Kind)
+			}
+		}
+	})
+}
+
+// FuzzDNS feeds arbitrary DNS message prefixes to the question decoder, the
+// part of a record that comes from the packet itself.
+func FuzzDNS(f *testing.F) {
+	f.Add(query(f, "example.com.", dns.TypeA))
+	f.Add(query(f, "kubernetes.default.svc.cluster.local.", dns.TypeAAAA))
+	f.Add([]byte{0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 3, 'f', 'o', 'o', 0xc0, 0x0c})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, msg []byte) {
 		var d DNS
-		decodeDNS(raw, &d)
+		decodeDNS(msg, &d)
 		if int(d.NameLen) > MaxName {
 			t.Fatalf("name length %d", d.NameLen)
+		}
+		if d.Valid && len(msg) < dnsHeaderSz {
+			t.Fatalf("valid with %d bytes", len(msg))
+		}
+		// A message miekg/dns parses has the same id and first question.
+		var m dns.Msg
+		if err := m.Unpack(msg); err == nil && len(m.Question) > 0 && d.Valid && !d.NameTruncated {
+			if d.ID != m.Id || d.QType != m.Question[0].Qtype {
+				t.Fatalf("id/qtype %d/%d, miekg %d/%d", d.ID, d.QType, m.Id, m.Question[0].Qtype)
+			}
 		}
 	})
 }

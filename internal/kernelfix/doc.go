@@ -6,7 +6,7 @@
 // basis it was decided on ("BTF: enum ip_conntrack_status has
 // IPS_NAT_CLASH_BIT", "release 5.4 < 5.6", ...). BTF facts win over the
 // release number, because distributions backport the fixes (Ubuntu's Azure
-// 4.15 kernels carry ed07d9a021df); the release table (kernel.md §1.2) is the
+// 4.15 kernels carry ed07d9a021df); the release table (docs/kernel.md §2) is the
 // fallback when BTF is absent or does not answer.
 //
 // The classes, oldest fix first:

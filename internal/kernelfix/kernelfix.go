@@ -303,7 +303,7 @@ func Assess(f Facts) Assessment {
 	}
 
 	snat := ClassResult{Class: SNATReplyClash, Outcome: "drop (insert_failed+drop) on every kernel",
-		Basis: "no kernel resolves a reply-direction clash (kernel.md §3); --random-fully only lowers the odds"}
+		Basis: "no kernel resolves a reply-direction clash: nf_ct_resolve_clash_harder (6a757c07e51f) inserts only original-direction clashes (docs/kernel.md §3); --random-fully only lowers the odds"}
 
 	a.Classes = []ClassResult{nonat, same, diff, rev, snat}
 

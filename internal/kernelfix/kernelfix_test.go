@@ -2,11 +2,14 @@ package kernelfix
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf/btf"
+
+	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
 func TestParseRelease(t *testing.T) {
@@ -134,7 +137,7 @@ func TestScanKallsyms(t *testing.T) {
 func TestAssessRunningKernel(t *testing.T) {
 	spec, err := btf.LoadSpec("/sys/kernel/btf/vmlinux")
 	if err != nil {
-		t.Skipf("no vmlinux BTF: %v", err)
+		testutil.SkipOrFail(t, fmt.Sprintf("no vmlinux BTF: %v", err))
 	}
 	rel, err := os.ReadFile("/proc/sys/kernel/osrelease")
 	if err != nil {

@@ -79,3 +79,17 @@ func (t *Table) Format(addr uint64) string {
 	}
 	return fmt.Sprintf("0x%x", addr)
 }
+
+// Range returns where function name starts and where the next symbol
+// starts (its end, for a function followed by another).
+func (t *Table) Range(name string) (start, end uint64, ok bool) {
+	if t == nil {
+		return 0, 0, false
+	}
+	for i, s := range t.syms {
+		if s.name == name && i+1 < len(t.syms) {
+			return s.addr, t.syms[i+1].addr, true
+		}
+	}
+	return 0, 0, false
+}

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -25,6 +27,7 @@ type BenchResult struct {
 // ScenarioResult aggregates the runs of one scenario.
 type ScenarioResult struct {
 	Name         string  `json:"name"`
+	Resolver     string  `json:"resolver,omitempty"`
 	Runs         int     `json:"runs"`
 	Met          int     `json:"expectation_met"`
 	QueriesSent  uint64  `json:"queries_sent"`
@@ -42,8 +45,63 @@ type ScenarioResult struct {
 	Latency      Latency `json:"latency"`
 }
 
-// benchVersion changes when a field changes meaning.
-const benchVersion = 1
+// benchVersion changes when a field changes meaning or is added.
+// 1: the rates and latency percentiles; 2: adds each scenario's resolver
+// and its latency histogram. ReadBench reads both.
+const benchVersion = 2
+
+// LatencyHistogram counts lookups by latency in log-spaced buckets, 100 per
+// decade (each 2.3% wide), only the non-empty ones: enough to draw a CDF in
+// which 2.5 s and 5 s stalls stand apart, at a few hundred numbers per
+// scenario. Bucket i holds the lookups that took more than LeMs[i-1] and at
+// most LeMs[i] milliseconds.
+type LatencyHistogram struct {
+	LeMs  []float64 `json:"le_ms"`
+	Count []int     `json:"count"`
+}
+
+// histBucketsPerDecade sets the histogram's resolution; histMinMs is the
+// first bucket's upper bound (shorter lookups count there).
+const (
+	histBucketsPerDecade = 100
+	histMinMs            = 0.01
+)
+
+// histBound is bucket k's upper bound in ms: 10^(k/100) rounded up to 4
+// significant digits (short in JSON, and still an upper bound).
+func histBound(k int) float64 {
+	v := math.Pow(10, float64(k)/histBucketsPerDecade)
+	scale := math.Pow(10, 3-math.Floor(math.Log10(v)))
+	return math.Ceil(v*scale-1e-9) / scale
+}
+
+// histogram builds the latency histogram of sorted durations.
+func histogram(sorted []time.Duration) *LatencyHistogram {
+	h := &LatencyHistogram{LeMs: []float64{}, Count: []int{}}
+	minK := int(math.Round(math.Log10(histMinMs) * histBucketsPerDecade))
+	for _, d := range sorted {
+		ms := float64(d) / float64(time.Millisecond)
+		k := minK
+		if ms > histBound(minK) {
+			// Log10 is a first guess; the bounds decide.
+			k = int(math.Ceil(math.Log10(ms) * histBucketsPerDecade))
+			for ms > histBound(k) {
+				k++
+			}
+			for k > minK && ms <= histBound(k-1) {
+				k--
+			}
+		}
+		le := histBound(k)
+		if n := len(h.LeMs); n > 0 && h.LeMs[n-1] == le {
+			h.Count[n-1]++
+			continue
+		}
+		h.LeMs = append(h.LeMs, le)
+		h.Count = append(h.Count, 1)
+	}
+	return h
+}
 
 func ratio(a, b float64) float64 {
 	if b == 0 {
@@ -57,6 +115,7 @@ func Aggregate(name string, reps []*Report) ScenarioResult {
 	r := ScenarioResult{Name: name, Runs: len(reps)}
 	var all []time.Duration
 	for _, rep := range reps {
+		r.Resolver = rep.Resolver
 		if rep.Expectation.Met {
 			r.Met++
 		}
@@ -79,6 +138,7 @@ func Aggregate(name string, reps []*Report) ScenarioResult {
 	r.StallRate = ratio(float64(r.Stalls), float64(r.Lookups))
 	slices.Sort(all)
 	r.Latency = percentiles(all)
+	r.Latency.Histogram = histogram(all)
 	return r
 }
 
@@ -98,7 +158,10 @@ type BenchConfig struct {
 	Scenarios  []Scenario
 	Iterations int
 	Duration   time.Duration // 0: each scenario's default
-	Progress   io.Writer     // one line per run; nil for none
+	// Resolver replaces glibc in the scenarios that use it ("": glibc);
+	// under emulation a glibc lookup is too slow for the races to happen.
+	Resolver string
+	Progress io.Writer // one line per run; nil for none
 }
 
 // Bench runs every scenario Iterations times, each in a fresh lab.
@@ -107,7 +170,11 @@ func Bench(ctx context.Context, cfg BenchConfig) (*BenchResult, error) {
 	for _, sc := range cfg.Scenarios {
 		var reps []*Report
 		for i := 0; i < cfg.Iterations; i++ {
-			rep, err := Run(ctx, RunConfig{Prefix: cfg.Prefix, Drive: DriveConfig{Scenario: sc, Duration: cfg.Duration}})
+			drive := DriveConfig{Scenario: sc, Duration: cfg.Duration}
+			if cfg.Resolver != "" && sc.Resolver == ResolverGlibc {
+				drive.Resolver = cfg.Resolver
+			}
+			rep, err := Run(ctx, RunConfig{Prefix: cfg.Prefix, Drive: drive})
 			if err != nil {
 				return nil, fmt.Errorf("%s run %d: %w", sc.Name, i+1, err)
 			}
@@ -132,59 +199,78 @@ func ReadBench(path string) (*BenchResult, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
-	if r.Version != benchVersion {
-		return nil, fmt.Errorf("reading %s: bench format version %d, this dnsrace reads %d", path, r.Version, benchVersion)
+	if r.Version < 1 || r.Version > benchVersion {
+		return nil, fmt.Errorf("reading %s: bench format version %d, this dnsrace reads 1 to %d", path, r.Version, benchVersion)
 	}
 	return &r, nil
 }
 
-// Compare writes a side-by-side table of two bench results, one row per
-// scenario and metric, with the change from a to b.
-func Compare(w io.Writer, a, b *BenchResult) {
+// Compare writes a side-by-side table of bench results, one row per
+// scenario and metric, one column per result, and the change from the first
+// to the last.
+func Compare(w io.Writer, results ...*BenchResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "scenario\tmetric\t%s\t%s\tchange\n", a.Kernel, b.Kernel)
-	byName := map[string]ScenarioResult{}
-	for _, s := range b.Scenarios {
-		byName[s.Name] = s
+	fmt.Fprintf(tw, "scenario\tmetric")
+	for _, r := range results {
+		fmt.Fprintf(tw, "\t%s", r.Kernel)
 	}
-	names := []string{}
-	for _, s := range a.Scenarios {
-		names = append(names, s.Name)
-	}
-	for _, s := range b.Scenarios {
-		if !slices.Contains(names, s.Name) {
-			names = append(names, s.Name)
+	fmt.Fprintf(tw, "\tchange\n")
+	for _, n := range ScenarioNamesOf(results...) {
+		var rows []ScenarioResult
+		for _, r := range results {
+			if s, ok := r.Scenario(n); ok {
+				rows = append(rows, s)
+			}
 		}
-	}
-	aBy := map[string]ScenarioResult{}
-	for _, s := range a.Scenarios {
-		aBy[s.Name] = s
-	}
-	for _, n := range names {
-		x, okA := aBy[n]
-		y, okB := byName[n]
-		if !okA || !okB {
-			fmt.Fprintf(tw, "%s\t(only in one file)\t\t\t\n", n)
+		if len(rows) != len(results) {
+			fmt.Fprintf(tw, "%s\t(not in every file)%s\n", n, strings.Repeat("\t", len(results)+1))
 			continue
 		}
-		rows := []struct {
+		for _, m := range []struct {
 			metric string
-			a, b   float64
+			get    func(ScenarioResult) float64
 		}{
-			{"race_rate", x.RaceRate, y.RaceRate},
-			{"drop_rate", x.DropRate, y.DropRate},
-			{"resolve_rate", x.ResolveRate, y.ResolveRate},
-			{"loss_rate", x.LossRate, y.LossRate},
-			{"stall_rate", x.StallRate, y.StallRate},
-			{"p50_ms", x.Latency.P50Ms, y.Latency.P50Ms},
-			{"p99_ms", x.Latency.P99Ms, y.Latency.P99Ms},
-			{"max_ms", x.Latency.MaxMs, y.Latency.MaxMs},
-		}
-		for _, r := range rows {
-			fmt.Fprintf(tw, "%s\t%s\t%.4g\t%.4g\t%s\n", n, r.metric, r.a, r.b, change(r.a, r.b))
+			{"race_rate", func(s ScenarioResult) float64 { return s.RaceRate }},
+			{"drop_rate", func(s ScenarioResult) float64 { return s.DropRate }},
+			{"resolve_rate", func(s ScenarioResult) float64 { return s.ResolveRate }},
+			{"loss_rate", func(s ScenarioResult) float64 { return s.LossRate }},
+			{"stall_rate", func(s ScenarioResult) float64 { return s.StallRate }},
+			{"p50_ms", func(s ScenarioResult) float64 { return s.Latency.P50Ms }},
+			{"p99_ms", func(s ScenarioResult) float64 { return s.Latency.P99Ms }},
+			{"max_ms", func(s ScenarioResult) float64 { return s.Latency.MaxMs }},
+		} {
+			fmt.Fprintf(tw, "%s\t%s", n, m.metric)
+			for _, s := range rows {
+				fmt.Fprintf(tw, "\t%.4g", m.get(s))
+			}
+			fmt.Fprintf(tw, "\t%s\n", change(m.get(rows[0]), m.get(rows[len(rows)-1])))
 		}
 	}
 	tw.Flush()
+}
+
+// Scenario returns the result of the named scenario.
+func (r *BenchResult) Scenario(name string) (ScenarioResult, bool) {
+	for _, s := range r.Scenarios {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return ScenarioResult{}, false
+}
+
+// ScenarioNamesOf lists the scenarios of the results, in the order they
+// first appear.
+func ScenarioNamesOf(results ...*BenchResult) []string {
+	var names []string
+	for _, r := range results {
+		for _, s := range r.Scenarios {
+			if !slices.Contains(names, s.Name) {
+				names = append(names, s.Name)
+			}
+		}
+	}
+	return names
 }
 
 func change(a, b float64) string {

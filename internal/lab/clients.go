@@ -29,10 +29,13 @@ const (
 	ResolverPair = "pair"
 	// ResolverMusl emulates musl's res_msend: one unconnected socket, A
 	// and AAAA sent back to back with sendto, unanswered ones resent every
-	// timeout/attempts (2.5 s by default).
+	// timeout/attempts (2.5 s by default). Like musl it ignores sendto's
+	// errors, so a query dropped in the sender's own namespace (EPERM)
+	// still waits for the next resend.
 	ResolverMusl = "musl"
 	// ResolverGo emulates Go's pure resolver: a new socket per query and
-	// per attempt, so A and AAAA never share a 5-tuple.
+	// per attempt, so A and AAAA never share a 5-tuple; a failed send ends
+	// the attempt at once.
 	ResolverGo = "go"
 )
 
@@ -320,46 +323,63 @@ func runMusl(ctx, stop context.Context, p clientParams, rep *ClientReport) error
 }
 
 // runGo emulates Go's pure resolver: A and AAAA in parallel, each on its own
-// connected socket, a new socket for the second attempt. Sockets are made
-// on this (namespaced) thread; the waits run in goroutines.
+// connected socket and with its own attempts, a new socket per attempt. A
+// failed write (EPERM from a NAT drop in this namespace) ends the attempt
+// at once, as Go's dnsPacketRoundTrip returns the write error. Sockets are
+// made on this (namespaced) thread; the waits run in goroutines.
 func runGo(ctx, stop context.Context, p clientParams, rep *ClientReport) error {
+	const attempts = 2
 	for stop.Err() == nil && ctx.Err() == nil {
 		t0 := time.Now()
-		okAll := true
-		pending := []uint16{dns.TypeA, dns.TypeAAAA}
-		for attempt := 0; attempt < 2 && len(pending) > 0 && ctx.Err() == nil; attempt++ {
-			var wg sync.WaitGroup
-			results := make([]bool, len(pending))
-			for i, qt := range pending {
+		qtypes := []uint16{dns.TypeA, dns.TypeAAAA}
+		var fds [][attempts]int
+		for range qtypes {
+			var f [attempts]int
+			for a := range f {
 				fd, err := udpSocket(true)
 				if err != nil {
+					for _, g := range fds {
+						closeAll(g[:])
+					}
+					closeAll(f[:a])
 					return err
 				}
-				q := newQuery(rep.QName, qt)
-				id := uint16(rep.Lookups*4 + attempt*2 + i)
-				q[0], q[1] = byte(id>>8), byte(id)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					defer unix.Close(fd)
-					_, _ = unix.Write(fd, q)
-					results[i] = awaitAnswers(fd, map[uint16]bool{id: true}, p.timeout) == 0
-				}()
+				f[a] = fd
 			}
-			wg.Wait()
-			var next []uint16
-			for i, ok := range results {
-				if !ok {
-					next = append(next, pending[i])
-				}
-			}
-			pending = next
+			fds = append(fds, f)
 		}
-		okAll = len(pending) == 0
+		var wg sync.WaitGroup
+		results := make([]bool, len(qtypes))
+		for i, qt := range qtypes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer closeAll(fds[i][:])
+				for a := 0; a < attempts && ctx.Err() == nil; a++ {
+					q := newQuery(rep.QName, qt)
+					id := uint16(rep.Lookups*4 + a*2 + i)
+					q[0], q[1] = byte(id>>8), byte(id)
+					if _, err := unix.Write(fds[i][a], q); err != nil {
+						continue
+					}
+					if awaitAnswers(fds[i][a], map[uint16]bool{id: true}, p.timeout) == 0 {
+						results[i] = true
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
 		if ctx.Err() != nil {
 			return nil
 		}
-		rep.record(time.Since(t0), okAll)
+		rep.record(time.Since(t0), results[0] && results[1])
 	}
 	return nil
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }

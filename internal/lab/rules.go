@@ -2,6 +2,7 @@ package lab
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"strconv"
 
@@ -63,9 +64,77 @@ func installRules(t Topology) error {
 	}
 	defer c.CloseLasting()
 	tbl := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName})
-	pre := c.AddChain(&nftables.Chain{
-		Name: "prerouting", Table: tbl, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest,
+	if !t.LocalNAT {
+		addNAT(c, tbl, t, nftables.ChainHookPrerouting, "to-dns", NodeUplink.Addr())
+	}
+	fwd := c.AddChain(&nftables.Chain{
+		Name: "forward", Table: tbl, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter,
+	})
+	if t.DropAAAA {
+		// udp dport 53 @th,(8+12+17)*8,16 28 drop: the question type of
+		// the lab's fixed-length names.
+		ex := udpPort(2, t.Port())
+		ex = append(ex,
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 8 + 12 + qnameWireLen, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(28)},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		)
+		c.AddRule(&nftables.Rule{Table: tbl, Chain: fwd, Exprs: ex})
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("installing node rules: %w", err)
+	}
+	for i := 0; i < t.Pods; i++ {
+		if err := installPodCounters(t.PodNS(i)); err != nil {
+			return err
+		}
+		if t.LocalNAT {
+			if err := installPodNAT(t, i); err != nil {
+				return err
+			}
+		}
+	}
+	if t.UDPTimeout > 0 {
+		for _, ns := range t.NATNamespaces() {
+			if err := writeSysctl(ns, "net.netfilter.nf_conntrack_udp_timeout", strconv.Itoa(t.UDPTimeout)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// installPodNAT puts the NAT rules in pod i's own namespace: its local
+// sockets' queries are DNATed on OUTPUT and SNATed to the pod's own address
+// on POSTROUTING, so conntrack confirms (and drops) them in the sender's
+// namespace.
+func installPodNAT(t Topology, i int) error {
+	c, err := nftConn(t.PodNS(i))
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	tbl := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName})
+	addNAT(c, tbl, t, nftables.ChainHookOutput, "eth0", PodAddr(i))
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("installing NAT rules in %s: %w", t.PodNS(i), err)
+	}
+	return nil
+}
+
+// addNAT adds kube-proxy's DNAT of the VIP on hook dnatHook (prerouting on
+// the node, output in a sender's own namespace) and, when t.SNAT is set, an
+// SNAT to snatAddr:t.SNATPorts for queries leaving through oif. Both NAT
+// chains are made either way, as kube-proxy does.
+func addNAT(c *nftables.Conn, tbl *nftables.Table, t Topology, dnatHook *nftables.ChainHook, oif string, snatAddr netip.Addr) {
+	name := "prerouting"
+	if dnatHook == nftables.ChainHookOutput {
+		name = "output"
+	}
+	dnat := c.AddChain(&nftables.Chain{
+		Name: name, Table: tbl, Type: nftables.ChainTypeNAT,
+		Hooknum: dnatHook, Priority: nftables.ChainPriorityNATDest,
 	})
 	// kube-proxy (iptables mode) style: endpoint i is taken with
 	// probability 1/(K-i) among those left, so each new flow picks a
@@ -82,63 +151,36 @@ func installRules(t Topology) error {
 		b := BackendAddr(i).As4()
 		ex = append(ex,
 			&expr.Immediate{Register: 1, Data: b[:]},
-			&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(53)},
+			&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(t.Port())},
 			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
 		)
-		c.AddRule(&nftables.Rule{Table: tbl, Chain: pre, Exprs: ex})
+		c.AddRule(&nftables.Rule{Table: tbl, Chain: dnat, Exprs: ex})
 	}
 	post := c.AddChain(&nftables.Chain{
 		Name: "postrouting", Table: tbl, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource,
 	})
-	if t.SNAT {
-		node := NodeUplink.Addr().As4()
-		ex := []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("to-dns")},
-		}
-		ex = append(ex, udpPort(2, 53)...)
-		ex = append(ex,
-			&expr.Immediate{Register: 1, Data: node[:]},
-			&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(t.SNATPorts.Min)},
-			&expr.Immediate{Register: 3, Data: binaryutil.BigEndian.PutUint16(t.SNATPorts.Max)},
-			&expr.NAT{
-				Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4,
-				RegAddrMin: 1, RegProtoMin: 2, RegProtoMax: 3, Specified: true,
-				FullyRandom: t.RandomFully,
-			},
-		)
-		c.AddRule(&nftables.Rule{Table: tbl, Chain: post, Exprs: ex})
+	if !t.SNAT {
+		return
 	}
-	fwd := c.AddChain(&nftables.Chain{
-		Name: "forward", Table: tbl, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter,
-	})
-	if t.DropAAAA {
-		// udp dport 53 @th,(8+12+17)*8,16 28 drop: the question type of
-		// the lab's fixed-length names.
-		ex := udpPort(2, 53)
-		ex = append(ex,
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 8 + 12 + qnameWireLen, Len: 2},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(28)},
-			&expr.Verdict{Kind: expr.VerdictDrop},
-		)
-		c.AddRule(&nftables.Rule{Table: tbl, Chain: fwd, Exprs: ex})
+	a := snatAddr.As4()
+	ex := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(oif)},
 	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("installing node rules: %w", err)
-	}
-	if t.UDPTimeout > 0 {
-		if err := writeSysctl(t.NodeNS(), "net.netfilter.nf_conntrack_udp_timeout", strconv.Itoa(t.UDPTimeout)); err != nil {
-			return err
-		}
-	}
-	for i := 0; i < t.Pods; i++ {
-		if err := installPodCounters(t.PodNS(i)); err != nil {
-			return err
-		}
-	}
-	return nil
+	// After DNAT the destination port is the backends' port.
+	ex = append(ex, udpPort(2, t.Port())...)
+	ex = append(ex,
+		&expr.Immediate{Register: 1, Data: a[:]},
+		&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(t.SNATPorts.Min)},
+		&expr.Immediate{Register: 3, Data: binaryutil.BigEndian.PutUint16(t.SNATPorts.Max)},
+		&expr.NAT{
+			Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4,
+			RegAddrMin: 1, RegProtoMin: 2, RegProtoMax: 3, Specified: true,
+			FullyRandom: t.RandomFully,
+		},
+	)
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: post, Exprs: ex})
 }
 
 func ifname(n string) []byte {

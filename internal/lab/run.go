@@ -15,11 +15,13 @@ import (
 	"github.com/dnsrace/dnsrace/internal/nsutil"
 )
 
-// Latency percentiles of all lookups, in milliseconds.
+// Latency percentiles of all lookups, in milliseconds; in a bench result
+// also their histogram.
 type Latency struct {
-	P50Ms float64 `json:"p50_ms"`
-	P99Ms float64 `json:"p99_ms"`
-	MaxMs float64 `json:"max_ms"`
+	P50Ms     float64           `json:"p50_ms"`
+	P99Ms     float64           `json:"p99_ms"`
+	MaxMs     float64           `json:"max_ms"`
+	Histogram *LatencyHistogram `json:"histogram,omitempty"`
 }
 
 // Expectation is whether a run showed its scenario's expected outcome.
@@ -30,7 +32,8 @@ type Expectation struct {
 }
 
 // Report is the ground truth of one run. Every field is measured: by the
-// clients, the servers, nft counters in the pods, or the node's kernel.
+// clients, the servers, nft counters in the pods, or the kernel of the
+// namespaces involved.
 type Report struct {
 	Scenario  string       `json:"scenario"`
 	Kernel    string       `json:"kernel"`
@@ -41,17 +44,21 @@ type Report struct {
 	TimeoutS  float64      `json:"resolver_timeout_s"`
 	Topology  Topology     `json:"topology"`
 	Server    ServerConfig `json:"server"`
-	// NodeNetNS is the inode of the node namespace, where NAT and
-	// conntrack happen (what a tracer reports as netns).
-	NodeNetNS    uint32  `json:"node_netns"`
-	TableFilled  int     `json:"table_filled,omitempty"`
-	Lookups      int     `json:"lookups"`
-	LookupsOK    int     `json:"lookups_ok"`
-	LookupsFail  int     `json:"lookups_failed"`
-	Stalls       int     `json:"stalls"`
-	StallTimeout int     `json:"stall_timeouts"`
-	Crashed      int     `json:"clients_crashed"`
-	Latency      Latency `json:"latency"`
+	// NodeNetNS is the inode of the node namespace, which forwards the
+	// pods' queries (and NATs them, unless the NAT is local).
+	NodeNetNS uint32 `json:"node_netns"`
+	// NATNetNS are the inodes of every namespace whose conntrack the
+	// scenario drives: the node's, or each pod's when the NAT is in the
+	// sender's own namespace (Topology.LocalNAT). Conntrack sums them.
+	NATNetNS     []uint32 `json:"nat_netns"`
+	TableFilled  int      `json:"table_filled,omitempty"`
+	Lookups      int      `json:"lookups"`
+	LookupsOK    int      `json:"lookups_ok"`
+	LookupsFail  int      `json:"lookups_failed"`
+	Stalls       int      `json:"stalls"`
+	StallTimeout int      `json:"stall_timeouts"`
+	Crashed      int      `json:"clients_crashed"`
+	Latency      Latency  `json:"latency"`
 	// QueriesSent and AnswersReceived are the pods' kernel counts of DNS
 	// packets out and in; LostReplies is their difference.
 	QueriesSent     uint64 `json:"queries_sent"`
@@ -60,15 +67,25 @@ type Report struct {
 	Pairs           int    `json:"pairs,omitempty"`
 	PairsLost       int    `json:"pairs_lost,omitempty"`
 	AnswersLost     int    `json:"answers_lost,omitempty"`
-	// Conntrack is the delta of the node's per-CPU conntrack counters.
+	// Conntrack is the delta of the per-CPU conntrack counters, summed
+	// over NATNetNS; ConntrackByNetNS has each namespace's own delta.
 	Conntrack        ctstats.Counters `json:"conntrack"`
-	ConntrackEntries uint32           `json:"conntrack_entries"`
-	ConntrackMax     uint32           `json:"conntrack_max"`
-	NodeUDP          UDPCounters      `json:"node_udp"`
-	PodUDP           UDPCounters      `json:"pod_udp"`
-	Servers          dnsserver.Stats  `json:"servers"`
-	Clients          []*ClientReport  `json:"clients"`
-	Expectation      Expectation      `json:"expectation"`
+	ConntrackByNetNS []NetNSConntrack `json:"conntrack_by_netns"`
+	// ConntrackEntries is the entries in NATNetNS's tables at the end.
+	ConntrackEntries uint32          `json:"conntrack_entries"`
+	ConntrackMax     uint32          `json:"conntrack_max"`
+	NodeUDP          UDPCounters     `json:"node_udp"`
+	PodUDP           UDPCounters     `json:"pod_udp"`
+	Servers          dnsserver.Stats `json:"servers"`
+	Clients          []*ClientReport `json:"clients"`
+	Expectation      Expectation     `json:"expectation"`
+}
+
+// NetNSConntrack is one namespace's conntrack counter delta.
+type NetNSConntrack struct {
+	NetNS     uint32           `json:"netns"`
+	Name      string           `json:"name"`
+	Conntrack ctstats.Counters `json:"conntrack"`
 }
 
 // DriveConfig says how to drive traffic through a standing lab.
@@ -98,17 +115,18 @@ func (l *Lab) Drive(ctx context.Context, cfg DriveConfig) (*Report, error) {
 	if cfg.Duration == 0 {
 		cfg.Duration = cfg.Scenario.Duration
 	}
-	ct, err := ctstats.Open(nsutil.Path(t.NodeNS()))
+	ct, err := openNATReaders(t)
 	if err != nil {
 		return nil, err
 	}
-	defer ct.Close()
+	defer ct.close()
 	rep := &Report{
 		Scenario: cfg.Scenario.Name, Kernel: kernelRelease(), CPUs: runtime.NumCPU(),
 		Resolver: cfg.Resolver, TimeoutS: cfg.ResolverTimeout.Seconds(), Topology: t,
 		Server: cfg.Scenario.Server,
 	}
 	rep.NodeNetNS, _ = nsutil.Inode(t.NodeNS())
+	rep.NATNetNS = ct.inodes
 	if cfg.Scenario.FillTable {
 		if rep.TableFilled, err = fillTable(t); err != nil {
 			return nil, err
@@ -149,8 +167,13 @@ func (l *Lab) Drive(ctx context.Context, cfg DriveConfig) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep.Conntrack = after.ct.Total.Sub(before.ct.Total)
-	rep.ConntrackEntries, rep.ConntrackMax = after.ct.Entries, after.ct.Max
+	for i := range after.ct {
+		d := after.ct[i].Total.Sub(before.ct[i].Total)
+		rep.ConntrackByNetNS = append(rep.ConntrackByNetNS, NetNSConntrack{NetNS: ct.inodes[i], Name: ct.names[i], Conntrack: d})
+		rep.Conntrack.Add(d)
+		rep.ConntrackEntries += after.ct[i].Entries
+		rep.ConntrackMax = after.ct[i].Max
+	}
 	rep.NodeUDP = after.nodeUDP.sub(before.nodeUDP)
 	rep.PodUDP = after.podUDP.sub(before.podUDP)
 	rep.QueriesSent = after.sent - before.sent

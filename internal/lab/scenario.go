@@ -115,6 +115,50 @@ var Scenarios = []Scenario{
 			return f
 		},
 	},
+	{
+		Name:     "target-port",
+		Summary:  "as snat-port, but the backends listen on 5353 behind the VIP's port 53 (OpenShift)",
+		Expect:   "insert_failed > 0 and >= lost queries, glibc lookups stall for one timeout",
+		Resolver: ResolverGlibc, Pods: 4, Duration: 20 * time.Second,
+		Shape: func(t *Topology) {
+			t.SNAT, t.SNATPorts, t.UDPTimeout, t.BackendPort = true, PortRange{10000, 10015}, 1, 5353
+		},
+		Check: func(r *Report) (f []string) {
+			want(&f, r.Stalls >= 1, "stalls = %d, want >= 1", r.Stalls)
+			want(&f, r.Conntrack.InsertFailed > 0, "insert_failed = %d, want > 0", r.Conntrack.InsertFailed)
+			want(&f, r.Conntrack.InsertFailed >= r.LostReplies, "insert_failed %d < lost queries %d", r.Conntrack.InsertFailed, r.LostReplies)
+			want(&f, r.AnswersReceived > 0, "no answer from the backends on port %d", r.Topology.Port())
+			return f
+		},
+	},
+	{
+		Name:     "local-out",
+		Summary:  "as same-tuple, but DNAT in the sender's own namespace (host network); the node only routes",
+		Expect:   "clash_resolve > 0 in the pods' netns, insert_failed = 0, no answer lost (kernel >= 5.6)",
+		Resolver: ResolverPair, Pods: 1, Duration: 10 * time.Second,
+		Shape: func(t *Topology) { t.LocalNAT = true },
+		Check: func(r *Report) (f []string) {
+			want(&f, r.Conntrack.ClashResolve > 0, "clash_resolve = %d, want > 0", r.Conntrack.ClashResolve)
+			want(&f, r.Conntrack.InsertFailed == 0, "insert_failed = %d, want 0", r.Conntrack.InsertFailed)
+			want(&f, r.AnswersLost == 0, "%d answers lost, want 0", r.AnswersLost)
+			return f
+		},
+	},
+	{
+		Name:     "local-out-snat",
+		Summary:  "NAT in each sender's own namespace, SNAT to 16 ports: reply tuples clash, the send gets EPERM",
+		Expect:   "insert_failed > 0 and >= lost queries, musl lookups stall for one retry (glibc and Go retry at once)",
+		Resolver: ResolverMusl, Pods: 4, Duration: 20 * time.Second,
+		Shape: func(t *Topology) {
+			t.LocalNAT, t.SNAT, t.SNATPorts, t.UDPTimeout = true, true, PortRange{10000, 10015}, 1
+		},
+		Check: func(r *Report) (f []string) {
+			want(&f, r.Stalls >= 1, "stalls = %d, want >= 1", r.Stalls)
+			want(&f, r.Conntrack.InsertFailed > 0, "insert_failed = %d, want > 0", r.Conntrack.InsertFailed)
+			want(&f, r.Conntrack.InsertFailed >= r.LostReplies, "insert_failed %d < lost queries %d", r.Conntrack.InsertFailed, r.LostReplies)
+			return f
+		},
+	},
 }
 
 // ScenarioNames returns the names of all scenarios, in definition order.

@@ -47,7 +47,7 @@ func startServers(t Topology, cfg ServerConfig) (*servers, error) {
 	err := nsutil.Do(t.DNSNS(), func() error {
 		for i := 0; i < t.Backends; i++ {
 			c := dnsserver.Config{
-				Addr:           netip.AddrPortFrom(BackendAddr(i), 53),
+				Addr:           netip.AddrPortFrom(BackendAddr(i), t.Port()),
 				IgnoreFraction: cfg.IgnoreFraction,
 			}
 			srv, err := dnsserver.Start(c)
@@ -57,7 +57,7 @@ func startServers(t Topology, cfg ServerConfig) (*servers, error) {
 			s.list = append(s.list, srv)
 		}
 		if cfg.WrongSource && len(s.list) > 1 {
-			// Backend 0 answers from backend 1's address and port 53.
+			// Backend 0 answers from backend 1's address and port.
 			s.list[0].ReplyVia(s.list[1])
 		}
 		return nil
@@ -109,7 +109,7 @@ func startDnsmasq(t Topology, cfg ServerConfig) (*servers, error) {
 	for i := 0; i < t.Backends; i++ {
 		addr := BackendAddr(i)
 		c := dnsmasqCommand(t.DNSNS(), bin, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
-			"--bind-interfaces", "--listen-address="+addr.String(), "--port=53", "--user=root", "--group=root",
+			"--bind-interfaces", "--listen-address="+addr.String(), fmt.Sprintf("--port=%d", t.Port()), "--user=root", "--group=root",
 			"--pid-file=", "--address=/lab.test/"+dnsserver.AnswerA.String(), "--address=/lab.test/"+dnsserver.AnswerAAAA.String())
 		c.Stderr = os.Stderr
 		exited, err := nsutil.Start(c)
@@ -122,7 +122,7 @@ func startDnsmasq(t Topology, cfg ServerConfig) (*servers, error) {
 	// dnsmasq binds at start; wait until every backend answers.
 	deadline := time.Now().Add(5 * time.Second)
 	for i := 0; i < t.Backends; i++ {
-		for !dnsmasqListening(t, BackendAddr(i)) {
+		for !dnsmasqListening(t, netip.AddrPortFrom(BackendAddr(i), t.Port())) {
 			if time.Now().After(deadline) {
 				s.close()
 				return nil, fmt.Errorf("dnsmasq on %s did not start listening", BackendAddr(i))
@@ -137,9 +137,9 @@ func dnsmasqCommand(ns string, argv ...string) *exec.Cmd {
 	return nsutil.Command(context.Background(), ns, argv...)
 }
 
-// dnsmasqListening reports whether something is bound to addr:53/udp in
-// the dns namespace (a bind test: it fails while the port is taken).
-func dnsmasqListening(t Topology, addr netip.Addr) bool {
+// dnsmasqListening reports whether something is bound to addr/udp in the
+// dns namespace (a bind test: it fails while the port is taken).
+func dnsmasqListening(t Topology, addr netip.AddrPort) bool {
 	taken := false
 	_ = nsutil.Do(t.DNSNS(), func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
@@ -147,7 +147,7 @@ func dnsmasqListening(t Topology, addr netip.Addr) bool {
 			return err
 		}
 		defer unix.Close(fd)
-		err = unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4(), Port: 53})
+		err = unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.Addr().As4(), Port: int(addr.Port())})
 		taken = errors.Is(err, unix.EADDRINUSE)
 		return nil
 	})

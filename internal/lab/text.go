@@ -25,8 +25,14 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  packets      %d queries sent by pods, %d answers received, %d lost\n", r.QueriesSent, r.AnswersReceived, r.LostReplies)
 	fmt.Fprintf(w, "  servers      %d received, %d answered, %d ignored on purpose\n", r.Servers.Received, r.Servers.Answered, r.Servers.Ignored)
 	c := r.Conntrack
-	fmt.Fprintf(w, "  conntrack    insert_failed +%d, drop +%d, early_drop +%d, clash_resolve +%d, chaintoolong +%d (node netns %d)\n",
-		c.InsertFailed, c.Drop, c.EarlyDrop, c.ClashResolve, c.ChainTooLong, r.NodeNetNS)
+	fmt.Fprintf(w, "  conntrack    insert_failed +%d, drop +%d, early_drop +%d, clash_resolve +%d, chaintoolong +%d (%s)\n",
+		c.InsertFailed, c.Drop, c.EarlyDrop, c.ClashResolve, c.ChainTooLong, r.natWhere())
+	if len(r.ConntrackByNetNS) > 1 {
+		for _, n := range r.ConntrackByNetNS {
+			fmt.Fprintf(w, "    %-12s insert_failed +%d, drop +%d, clash_resolve +%d (netns %d)\n",
+				strings.TrimPrefix(n.Name, r.Topology.Prefix+"-"), n.Conntrack.InsertFailed, n.Conntrack.Drop, n.Conntrack.ClashResolve, n.NetNS)
+		}
+	}
 	fmt.Fprintf(w, "  udp          node no_ports +%d, rcvbuf_errors +%d; pods no_ports +%d, rcvbuf_errors +%d\n",
 		r.NodeUDP.NoPorts, r.NodeUDP.RcvbufErrors, r.PodUDP.NoPorts, r.PodUDP.RcvbufErrors)
 	if r.Expectation.Text == "" {
@@ -37,4 +43,12 @@ func (r *Report) WriteText(w io.Writer) {
 		verdict = "NOT MET: " + strings.Join(r.Expectation.Failures, "; ")
 	}
 	fmt.Fprintf(w, "  expectation  %s: %s\n", r.Expectation.Text, verdict)
+}
+
+// natWhere says in words where the conntrack counters were read.
+func (r *Report) natWhere() string {
+	if !r.Topology.LocalNAT {
+		return fmt.Sprintf("node netns %d", r.NodeNetNS)
+	}
+	return fmt.Sprintf("summed over the %d pods' own netns, where the NAT is", len(r.NATNetNS))
 }

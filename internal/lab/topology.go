@@ -76,17 +76,26 @@ type Topology struct {
 	Pods     int    `json:"pods"`
 	Backends int    `json:"backends"`
 	// SNAT rewrites the source of queries leaving toward the backends to
-	// the node's uplink address and a port from SNATPorts, as a node that
-	// masquerades pod traffic does.
+	// the node's uplink address (the pod's own with LocalNAT) and a port
+	// from SNATPorts, as a node that masquerades pod traffic does.
 	SNAT        bool      `json:"snat"`
 	SNATPorts   PortRange `json:"snat_ports"`
 	RandomFully bool      `json:"random_fully"`
-	// UDPTimeout sets nf_conntrack_udp_timeout in the node (seconds; 0
-	// keeps the kernel's default). Short timeouts recycle SNAT ports fast.
+	// UDPTimeout sets nf_conntrack_udp_timeout in the namespaces that NAT
+	// (seconds; 0 keeps the kernel's default). Short timeouts recycle SNAT
+	// ports fast.
 	UDPTimeout int `json:"udp_timeout"`
 	// DropAAAA adds a firewall rule on the node's forward path that drops
 	// AAAA queries for the lab's names.
 	DropAAAA bool `json:"drop_aaaa"`
+	// BackendPort is the port the backends listen on and the VIP's port 53
+	// is DNATed to (0: 53). OpenShift's cluster DNS listens on 5353.
+	BackendPort uint16 `json:"backend_port,omitempty"`
+	// LocalNAT puts the DNAT (and SNAT) rules in each pod's own namespace,
+	// on the OUTPUT and POSTROUTING hooks of its local sockets, as
+	// kube-proxy's rules act for a host-network pod or a node agent; the
+	// node then only routes. SNAT then rewrites to the pod's own address.
+	LocalNAT bool `json:"local_nat,omitempty"`
 	// ResolvOptions go on the pods' resolv.conf "options" line.
 	ResolvOptions []string `json:"resolv_options,omitempty"`
 }
@@ -95,6 +104,23 @@ func (t Topology) NodeNS() string     { return t.Prefix + "-node" }
 func (t Topology) DNSNS() string      { return t.Prefix + "-dns" }
 func (t Topology) PodNS(i int) string { return fmt.Sprintf("%s-pod%d", t.Prefix, i) }
 func (t Topology) statePath() string  { return filepath.Join(StateDir, t.Prefix+".json") }
+
+// Port returns the port the backends listen on.
+func (t Topology) Port() uint16 {
+	if t.BackendPort == 0 {
+		return 53
+	}
+	return t.BackendPort
+}
+
+// NATNamespaces returns the namespaces whose conntrack the lab's NAT rules
+// drive: the node, or every pod when the NAT is local.
+func (t Topology) NATNamespaces() []string {
+	if t.LocalNAT {
+		return t.podNames()
+	}
+	return []string{t.NodeNS()}
+}
 func (t Topology) namespaces() []string {
 	return append([]string{t.NodeNS(), t.DNSNS()}, t.podNames()...)
 }
@@ -359,8 +385,10 @@ func setSysctls(t Topology) error {
 	}
 	if t.UDPTimeout > 0 {
 		// The conntrack sysctls exist once the rules below load conntrack
-		// in this namespace; installRules sets it again after that.
-		_ = writeSysctl(t.NodeNS(), "net.netfilter.nf_conntrack_udp_timeout", strconv.Itoa(t.UDPTimeout))
+		// in these namespaces; installRules sets them again after that.
+		for _, ns := range t.NATNamespaces() {
+			_ = writeSysctl(ns, "net.netfilter.nf_conntrack_udp_timeout", strconv.Itoa(t.UDPTimeout))
+		}
 	}
 	return nil
 }

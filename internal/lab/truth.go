@@ -77,18 +77,55 @@ func parseSNMPUdp(raw []byte) (UDPCounters, error) {
 
 // snapshot is every ground-truth counter at one instant.
 type snapshot struct {
-	ct      ctstats.Snapshot
+	ct      []ctstats.Snapshot // one per NAT namespace, in natReaders order
 	nodeUDP UDPCounters
 	podUDP  UDPCounters
 	sent    uint64
 	answers uint64
 }
 
-func takeSnapshot(t Topology, ct *ctstats.Reader) (snapshot, error) {
+// natReaders reads the conntrack counters of every namespace the lab's NAT
+// rules drive.
+type natReaders struct {
+	names   []string
+	inodes  []uint32
+	readers []*ctstats.Reader
+}
+
+func openNATReaders(t Topology) (*natReaders, error) {
+	n := &natReaders{}
+	for _, name := range t.NATNamespaces() {
+		r, err := ctstats.Open(nsutil.Path(name))
+		if err != nil {
+			n.close()
+			return nil, err
+		}
+		ino, err := nsutil.Inode(name)
+		if err != nil {
+			r.Close()
+			n.close()
+			return nil, err
+		}
+		n.names, n.inodes, n.readers = append(n.names, name), append(n.inodes, ino), append(n.readers, r)
+	}
+	return n, nil
+}
+
+func (n *natReaders) close() {
+	for _, r := range n.readers {
+		r.Close()
+	}
+}
+
+func takeSnapshot(t Topology, ct *natReaders) (snapshot, error) {
 	var s snapshot
 	var err error
-	if s.ct, err = ct.Read(); err != nil {
-		return s, err
+	for _, r := range ct.readers {
+		cs, err := r.Read()
+		if err != nil {
+			return s, err
+		}
+		s.ct = append(s.ct, cs)
 	}
 	if s.nodeUDP, err = readUDPCounters(t.NodeNS()); err != nil {
 		return s, err

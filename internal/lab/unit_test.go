@@ -2,6 +2,10 @@ package lab
 
 import (
 	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -111,6 +115,68 @@ func TestAggregateAndCompare(t *testing.T) {
 	}
 }
 
+// TestLatencyHistogram: every lookup lands in the bucket whose bounds hold
+// it, 2.5 s and 5 s stalls in different buckets, none lost.
+func TestLatencyHistogram(t *testing.T) {
+	ds := []time.Duration{time.Microsecond, 10 * time.Microsecond, 350 * time.Microsecond, 351 * time.Microsecond,
+		time.Millisecond, 2503 * time.Millisecond, 2512 * time.Millisecond, 5002 * time.Millisecond, 5002 * time.Millisecond, 5012 * time.Millisecond, 10011 * time.Millisecond}
+	h := histogram(ds)
+	if len(h.LeMs) != len(h.Count) {
+		t.Fatalf("%d bounds, %d counts", len(h.LeMs), len(h.Count))
+	}
+	total := 0
+	for i, le := range h.LeMs {
+		total += h.Count[i]
+		if i > 0 && le <= h.LeMs[i-1] {
+			t.Errorf("bounds not increasing: %v", h.LeMs)
+		}
+		if i > 0 && le/h.LeMs[i-1] < 1.02 {
+			t.Errorf("buckets %v and %v closer than one bucket width", h.LeMs[i-1], le)
+		}
+	}
+	if total != len(ds) {
+		t.Errorf("%d lookups counted, want %d", total, len(ds))
+	}
+	// Each duration is in the first bucket whose bound is >= it.
+	for _, d := range ds {
+		ms := float64(d) / 1e6
+		i := 0
+		for i < len(h.LeMs) && h.LeMs[i] < ms {
+			i++
+		}
+		if i == len(h.LeMs) {
+			t.Fatalf("%v above every bound %v", d, h.LeMs)
+		}
+		if i > 0 && ms <= h.LeMs[i-1] {
+			t.Errorf("%v: at most the previous bound %v", d, h.LeMs[i-1])
+		}
+		if h.LeMs[i] > ms*1.024 && ms > histMinMs {
+			t.Errorf("%v in bucket %v: wider than 2.4%%", d, h.LeMs[i])
+		}
+	}
+	if want := []int{2, 2, 1, 2, 3, 1}; !slices.Equal(h.Count, want) {
+		t.Errorf("counts %v (bounds %v), want %v", h.Count, h.LeMs, want)
+	}
+}
+
+// TestReadBenchVersions: format 1 files still read; unknown versions do not.
+func TestReadBenchVersions(t *testing.T) {
+	dir := t.TempDir()
+	for v, ok := range map[int]bool{0: false, 1: true, 2: true, 3: false} {
+		p := filepath.Join(dir, fmt.Sprintf("v%d.json", v))
+		if err := os.WriteFile(p, fmt.Appendf(nil, `{"version":%d,"kernel":"6.1","scenarios":[{"name":"snat-port","latency":{"p50_ms":1}}]}`, v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r, err := ReadBench(p)
+		if (err == nil) != ok {
+			t.Errorf("version %d: %v", v, err)
+		}
+		if ok && (r.Kernel != "6.1" || r.Scenarios[0].Latency.Histogram != nil) {
+			t.Errorf("version %d: %+v", v, r)
+		}
+	}
+}
+
 func TestStallCounting(t *testing.T) {
 	c := &ClientReport{unit: 5 * time.Second}
 	c.record(20*time.Millisecond, true)
@@ -129,6 +195,52 @@ func TestOwnedBy(t *testing.T) {
 	} {
 		if got := ownedBy("dnsrace", name); got != want {
 			t.Errorf("ownedBy(dnsrace, %s) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+func TestNATNamespaces(t *testing.T) {
+	node := Topology{Prefix: "p", Pods: 3, Backends: 2}
+	if got := node.NATNamespaces(); len(got) != 1 || got[0] != "p-node" {
+		t.Errorf("node NAT: %v", got)
+	}
+	if node.Port() != 53 {
+		t.Errorf("default backend port %d", node.Port())
+	}
+	local := Topology{Prefix: "p", Pods: 3, Backends: 2, LocalNAT: true, BackendPort: 5353}
+	if got := local.NATNamespaces(); len(got) != 3 || got[0] != "p-pod0" || got[2] != "p-pod2" {
+		t.Errorf("local NAT: %v", got)
+	}
+	if local.Port() != 5353 {
+		t.Errorf("backend port %d", local.Port())
+	}
+	for _, n := range []string{"target-port", "local-out", "local-out-snat"} {
+		sc, err := LookupScenario(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tp := sc.Topology("p", sc.Pods)
+		if (n != "target-port") != tp.LocalNAT || (n == "target-port") != (tp.Port() == 5353) {
+			t.Errorf("%s: topology %+v", n, tp)
+		}
+	}
+}
+
+func TestWriteTextLocalNAT(t *testing.T) {
+	r := &Report{
+		Scenario: "local-out-snat", Topology: Topology{Prefix: "dnsrace", Pods: 2, LocalNAT: true},
+		NATNetNS:  []uint32{11, 12},
+		Conntrack: ctstats.Counters{InsertFailed: 5, Drop: 5},
+		ConntrackByNetNS: []NetNSConntrack{
+			{NetNS: 11, Name: "dnsrace-pod0", Conntrack: ctstats.Counters{InsertFailed: 2, Drop: 2}},
+			{NetNS: 12, Name: "dnsrace-pod1", Conntrack: ctstats.Counters{InsertFailed: 3, Drop: 3}},
+		},
+	}
+	var b bytes.Buffer
+	r.WriteText(&b)
+	for _, want := range []string{"insert_failed +5", "summed over the 2 pods' own netns", "pod1         insert_failed +3, drop +3, clash_resolve +0 (netns 12)"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("missing %q in\n%s", want, b.String())
 		}
 	}
 }

@@ -4,7 +4,8 @@
 //	dnsrace_races_total{race,outcome}        conntrack insertion races: outcome "dropped" (an
 //	                                         insert_race incident: a lookup stalled) or "resolved"
 //	                                         (clash_resolved: the kernel rescued it); race
-//	                                         same_tuple, reply_clash or unknown
+//	                                         same_tuple, reply_clash or unknown (all six
+//	                                         series present from 0)
 //	dnsrace_incidents_total{cause}           incidents by cause (every cause present from 0)
 //	dnsrace_stall_seconds                    histogram of stall durations (lost query to retry)
 //	dnsrace_events_lost_total                ring buffer records the kernel could not deliver

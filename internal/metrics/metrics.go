@@ -72,7 +72,10 @@ func New(cfg Config, src Source) *Metrics {
 	for _, c := range correlate.Causes {
 		m.incidents.WithLabelValues(c)
 	}
-	for _, r := range []string{correlate.RaceSameTuple, correlate.RaceReplyClash} {
+	// Every race series exists from 0, "unknown" too: Prometheus's
+	// increase() and rate() see a series' first sample as its start, so a
+	// counter born at 1 would hide its first race.
+	for _, r := range []string{correlate.RaceSameTuple, correlate.RaceReplyClash, "unknown"} {
 		m.races.WithLabelValues(r, "dropped")
 		m.races.WithLabelValues(r, "resolved")
 	}

@@ -97,6 +97,28 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
+// TestRaceSeriesFromZero: every race and outcome is exposed before the
+// first incident, so increase() in Prometheus counts the first one.
+func TestRaceSeriesFromZero(t *testing.T) {
+	s, err := metrics.Serve("127.0.0.1:0", metrics.New(metrics.Config{}, metrics.Source{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got := Scrape(t, "http://"+s.Addr()+"/metrics")
+	for _, race := range []string{correlate.RaceSameTuple, correlate.RaceReplyClash, "unknown"} {
+		for _, outcome := range []string{"dropped", "resolved"} {
+			k := `dnsrace_races_total{outcome="` + outcome + `",race="` + race + `"}`
+			if v, ok := got[k]; !ok || v != 0 {
+				t.Errorf("%s = %v (present %v), want 0 before any incident", k, v, ok)
+			}
+		}
+	}
+	if v, ok := got["dnsrace_stall_seconds_count"]; !ok || v != 0 {
+		t.Errorf("dnsrace_stall_seconds_count = %v (present %v), want 0", v, ok)
+	}
+}
+
 func TestNoPodLabels(t *testing.T) {
 	m := metrics.New(metrics.Config{}, metrics.Source{})
 	m.Observe(inc(correlate.CauseInsertRace, "", "shop", "a", 5000))

@@ -161,13 +161,9 @@ func enhancedPacketBlock(p Packet) []byte {
 
 // Packets reconstructs an incident's packets (see the package comment).
 func Packets(inc *correlate.Incident) ([]Packet, error) {
-	src, err := netip.ParseAddrPort(inc.Src)
-	if err != nil {
-		return nil, fmt.Errorf("parsing incident %d source: %w", inc.ID, err)
-	}
-	dst, err := netip.ParseAddrPort(inc.Dst)
-	if err != nil {
-		return nil, fmt.Errorf("parsing incident %d destination: %w", inc.ID, err)
+	src, dst := inc.Src, inc.Dst
+	if !src.IsValid() || !dst.IsValid() {
+		return nil, fmt.Errorf("incident %d has no 5-tuple", inc.ID)
 	}
 	head := fmt.Sprintf("dnsrace incident %d %s", inc.ID, inc.Cause)
 	if inc.Race != nil {
@@ -236,10 +232,8 @@ func Packets(inc *correlate.Incident) ([]Packet, error) {
 		}
 	}
 	if r := inc.Retry; r != nil && inc.StallMs != nil {
-		rsrc, err1 := netip.ParseAddrPort(r.Src)
-		rdst, err2 := netip.ParseAddrPort(r.Dst)
-		if err1 == nil && err2 == nil {
-			data, err := build(rsrc, rdst, r.ID, inc.QName, r.QType, false)
+		if r.Src.IsValid() && r.Dst.IsValid() {
+			data, err := build(r.Src, r.Dst, r.ID, inc.QName, r.QType, false)
 			if err != nil {
 				return nil, fmt.Errorf("building incident %d packet: %w", inc.ID, err)
 			}
@@ -252,7 +246,7 @@ func Packets(inc *correlate.Incident) ([]Packet, error) {
 
 // lostID reports whether the query id/qtype is one of the lost packets
 // (a sibling lost too is written once, as lost).
-func lostID(inc *correlate.Incident, id uint16, qtype string) bool {
+func lostID(inc *correlate.Incident, id uint16, qtype correlate.QType) bool {
 	for _, l := range inc.Lost {
 		if l.ID == id && l.QType == qtype {
 			return true
@@ -262,17 +256,13 @@ func lostID(inc *correlate.Incident, id uint16, qtype string) bool {
 }
 
 // build serializes IP + UDP + DNS (header and question).
-func build(src, dst netip.AddrPort, id uint16, qname, qtype string, response bool) ([]byte, error) {
-	t, ok := dns.StringToType[qtype]
-	if !ok {
-		return nil, fmt.Errorf("unknown qtype %q", qtype)
-	}
+func build(src, dst netip.AddrPort, id uint16, qname string, qtype correlate.QType, response bool) ([]byte, error) {
 	m := new(dns.Msg)
 	m.Id = id
 	m.RecursionDesired = true
 	m.Response = response
 	m.RecursionAvailable = response
-	m.Question = []dns.Question{{Name: dns.Fqdn(qname), Qtype: t, Qclass: dns.ClassINET}}
+	m.Question = []dns.Question{{Name: dns.Fqdn(qname), Qtype: uint16(qtype), Qclass: dns.ClassINET}}
 	payload, err := m.Pack()
 	if err != nil {
 		return nil, fmt.Errorf("packing DNS message: %w", err)

@@ -1,6 +1,7 @@
 package pcapout_test
 
 import (
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/gopacket/pcapgo"
+	"github.com/miekg/dns"
 
 	"github.com/dnsrace/dnsrace/internal/correlate"
 	"github.com/dnsrace/dnsrace/internal/pcapout"
@@ -20,13 +22,13 @@ func incident() *correlate.Incident {
 	stall := 5002.0
 	return &correlate.Incident{
 		Type: "incident", ID: 7, Time: time.Date(2026, 11, 30, 15, 2, 27, 195e6, time.UTC),
-		Cause: correlate.CauseInsertRace, Race: &race, QName: "svc-02.lab.test", QType: "A",
-		Src: "10.244.0.12:53611", Dst: "10.96.0.10:53", StallMs: &stall, Retried: true,
-		Lost: []correlate.Packet{{QType: "A", ID: 50852, Cause: correlate.CauseInsertRace, Reason: "NETFILTER_DROP",
+		Cause: correlate.CauseInsertRace, Race: &race, QName: "svc-02.lab.test", QType: correlate.QType(dns.TypeA),
+		Src: netip.MustParseAddrPort("10.244.0.12:53611"), Dst: netip.MustParseAddrPort("10.96.0.10:53"), StallMs: &stall, Retried: true,
+		Lost: []correlate.Packet{{QType: correlate.QType(dns.TypeA), ID: 50852, Cause: correlate.CauseInsertRace, Reason: "NETFILTER_DROP",
 			Location: "nf_hook_slow+0x7d", NetNS: 4026532177, SentNs: 1000}},
-		Sibling:   &correlate.Sibling{QType: "AAAA", ID: 50853, GapUs: 86, Answered: true},
-		Retry:     &correlate.Retry{QType: "A", ID: 50852, Src: "10.244.0.12:53611", Dst: "10.96.0.10:53"},
-		Winner:    &correlate.Flow{Src: "10.244.0.11:33808", Dst: "10.96.0.10:53"},
+		Sibling:   &correlate.Sibling{QType: correlate.QType(dns.TypeAAAA), ID: 50853, GapUs: 86, Answered: true},
+		Retry:     &correlate.Retry{QType: correlate.QType(dns.TypeA), ID: 50852, Src: netip.MustParseAddrPort("10.244.0.12:53611"), Dst: netip.MustParseAddrPort("10.96.0.10:53")},
+		Winner:    &correlate.Flow{Src: netip.MustParseAddrPort("10.244.0.11:33808"), Dst: netip.MustParseAddrPort("10.96.0.10:53")},
 		Pod:       "checkout-7f9c",
 		Namespace: "shop",
 	}
@@ -34,14 +36,14 @@ func incident() *correlate.Incident {
 
 func incident6() *correlate.Incident {
 	inc := incident()
-	inc.ID, inc.Src, inc.Dst, inc.Sibling, inc.Retry = 8, "[fd00::a]:40000", "[fd00::53]:53", nil, nil
+	inc.ID, inc.Src, inc.Dst, inc.Sibling, inc.Retry = 8, netip.MustParseAddrPort("[fd00::a]:40000"), netip.MustParseAddrPort("[fd00::53]:53"), nil, nil
 	return inc
 }
 
 // A sibling that was lost too is written once, as lost.
 func TestSiblingLostToo(t *testing.T) {
 	inc := incident()
-	inc.Lost = append(inc.Lost, correlate.Packet{QType: "AAAA", ID: 50853, SentNs: 1090})
+	inc.Lost = append(inc.Lost, correlate.Packet{QType: correlate.QType(dns.TypeAAAA), ID: 50853, SentNs: 1090})
 	inc.Sibling.Answered, inc.Sibling.Lost = false, true
 	pkts, err := pcapout.Packets(inc)
 	if err != nil {
@@ -161,5 +163,46 @@ func checkComments(t *testing.T, path string, want []string) {
 			continue
 		}
 		text = text[i+len(w):]
+	}
+}
+
+// A query type without a mnemonic (RFC 3597 "TYPEn") is written with its
+// number, and one incident that cannot be written leaves the writer usable.
+func TestUnnamedQType(t *testing.T) {
+	inc := incident()
+	inc.QType, inc.Lost[0].QType, inc.Retry.QType, inc.Sibling = 65280, 65280, 65280, nil
+	pkts, err := pcapout.Packets(inc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pkts) != 2 {
+		t.Fatalf("%d packets, want 2 (lost query, retry)", len(pkts))
+	}
+	var m dns.Msg
+	// raw IPv4 (20 bytes) + UDP (8): the DNS message follows
+	if err := m.Unpack(pkts[0].Data[28:]); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Question[0].Qtype; got != 65280 {
+		t.Errorf("qtype %d, want 65280", got)
+	}
+
+	w, err := pcapout.Create(filepath.Join(t.TempDir(), "out.pcapng"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := incident()
+	bad.Src = netip.AddrPort{}
+	if err := w.WriteIncident(bad); err == nil {
+		t.Error("an incident without a 5-tuple was written")
+	}
+	if err := w.WriteIncident(inc); err != nil {
+		t.Errorf("the writer stopped after one bad incident: %v", err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if w.Packets() != 2 {
+		t.Errorf("%d packets written, want 2", w.Packets())
 	}
 }

@@ -58,6 +58,11 @@ type Config struct {
 	SkipCost, SkipCapacity bool
 	// RingBufferSize for the tracer (0: its default).
 	RingBufferSize uint32
+	// Attach is the tracer's --attach (default tracepoint, the tier every
+	// kernel has).
+	Attach string
+	// TracerArgs are more arguments for the tracer.
+	TracerArgs []string
 	// Log receives progress lines (nil: discarded).
 	Log io.Writer
 }
@@ -84,24 +89,32 @@ func (c *Config) defaults() {
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
+	if c.Attach == "" {
+		c.Attach = "tracepoint"
+	}
 }
 
-// Case is one per-packet cost measurement: an unpaced flood along one
-// path, counted at its sink.
+// Case is one cost measurement: an unpaced flood along one path, counted
+// at its sink, or (Syscall) a loop of system calls that send nothing.
 type Case struct {
 	Name string
 	// Forward: pod0 -> node (bridge, routing, conntrack) -> dns ns.
 	// Otherwise loopback inside pod1.
 	Forward bool
 	DNS     bool
+	// Syscall names a loop of syscallLoops instead of a flood.
+	Syscall string
 }
 
-// Cases are the per-packet cost cases, in the order they run.
+// Cases are the cost cases, in the order they run.
 var Cases = []Case{
 	{Name: "udp-forward", Forward: true},
 	{Name: "udp-loopback"},
 	{Name: "dns-forward", Forward: true, DNS: true},
 	{Name: "dns-loopback", DNS: true},
+	{Name: "syscall-fork", Syscall: "fork"},
+	{Name: "syscall-open", Syscall: "open"},
+	{Name: "syscall-mmap", Syscall: "mmap"},
 }
 
 // CaseResult is the outcome of one Case.
@@ -118,10 +131,18 @@ type CaseResult struct {
 	Traced   float64 `json:"traced"`
 	Ratio    float64 `json:"ratio"`
 	Target   float64 `json:"target"`
-	// The tracer while traced: CPU in cores, events, events lost.
+	// The tracer while traced: CPU in cores, records, record bytes, records
+	// lost. A case whose traced rounds lost records has no ratio (Invalid):
+	// a tracer that sheds work is not measured.
 	TracerCPU  float64 `json:"tracer_cpu_cores"`
 	Events     uint64  `json:"events"`
+	EventBytes uint64  `json:"event_bytes"`
 	EventsLost uint64  `json:"events_lost"`
+	Invalid    bool    `json:"invalid"`
+	// DNS cases: what the kernel side sent per answered query.
+	Answered        uint64  `json:"queries_answered,omitempty"`
+	RecordsPerQuery float64 `json:"records_per_answered_query,omitempty"`
+	BytesPerQuery   float64 `json:"bytes_per_answered_query,omitempty"`
 }
 
 // Step is one rate of the capacity search: paced DNS queries from pod0
@@ -133,6 +154,7 @@ type Step struct {
 	Received  float64 `json:"received_per_s"`
 	Answers   float64 `json:"answers_per_s"`
 	Events    uint64  `json:"events"`
+	Bytes     uint64  `json:"event_bytes"`
 	EventsPS  float64 `json:"events_per_s"`
 	Lost      uint64  `json:"events_lost"`
 	Queries   uint64  `json:"queries_traced"`
@@ -165,7 +187,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Exe == "" {
 		return nil, errors.New("perf: Config.Exe (a dnsrace binary) is required")
 	}
-	res := &Result{Kernel: kernelRelease(), CPUs: runtime.NumCPU(), Tier: "tracepoint", Duration: cfg.Duration.Seconds()}
+	res := &Result{Kernel: kernelRelease(), CPUs: runtime.NumCPU(), Tier: cfg.Attach, Duration: cfg.Duration.Seconds()}
 	topo := lab.Topology{Prefix: cfg.Prefix, Pods: 2, Backends: 2}
 	_ = lab.Teardown(cfg.Prefix) // a crashed earlier run
 	l, err := lab.Up(topo, lab.ServerConfig{})
@@ -250,11 +272,11 @@ func (h *harness) logf(format string, args ...any) {
 }
 
 func (h *harness) tracerArgs() []string {
-	var a []string
+	a := []string{"--attach", h.cfg.Attach}
 	if h.cfg.RingBufferSize > 0 {
 		a = append(a, fmt.Sprintf("--ring-buffer-size=%d", h.cfg.RingBufferSize))
 	}
-	return a
+	return append(a, h.cfg.TracerArgs...)
 }
 
 // sinkFor starts the sink of a case and returns it with the flood that
@@ -290,8 +312,9 @@ type measured struct {
 	incidents int
 }
 
-// once runs one flood against s, under a fresh tracer when traced.
-func (h *harness) once(ctx context.Context, s *Sink, fc FloodConfig, traced bool) (measured, error) {
+// once runs one flood against s (or, with s nil, the case's system call
+// loop), under a fresh tracer when traced.
+func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, traced bool) (measured, error) {
 	var m measured
 	var tp *tracerProc
 	if traced {
@@ -310,16 +333,24 @@ func (h *harness) once(ctx context.Context, s *Sink, fc FloodConfig, traced bool
 	if tp != nil {
 		cpu0, _ = procCPU(tp.pid())
 	}
-	r0 := s.Received()
 	t0 := time.Now()
-	fr, err := Flood(ctx, fc)
-	if err != nil {
-		return m, err
+	if c.Syscall != "" {
+		n, err := syscallLoop(ctx, c.Syscall, h.cfg.Duration)
+		if err != nil {
+			return m, err
+		}
+		m.received, m.secs = n, h.cfg.Duration.Seconds()
+	} else {
+		r0 := s.Received()
+		fr, err := Flood(ctx, fc)
+		if err != nil {
+			return m, err
+		}
+		if !fc.ReadAnswers {
+			time.Sleep(100 * time.Millisecond) // in-flight packets reach the sink
+		}
+		m.flood, m.received, m.secs = fr, s.Received()-r0, fc.Duration.Seconds()
 	}
-	if !fc.ReadAnswers {
-		time.Sleep(100 * time.Millisecond) // in-flight packets reach the sink
-	}
-	m.flood, m.received, m.secs = fr, s.Received()-r0, fc.Duration.Seconds()
 	if tp != nil {
 		cpu1, _ := procCPU(tp.pid())
 		m.cpu, m.cpuSecs = cpu1-cpu0, time.Since(t0).Seconds()
@@ -336,17 +367,29 @@ func (h *harness) once(ctx context.Context, s *Sink, fc FloodConfig, traced bool
 
 func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 	r := CaseResult{Name: c.Name, Path: "loopback", DNS: c.DNS, Rounds: h.cfg.Rounds, Target: 0.98}
-	if c.Forward {
+	switch {
+	case c.Syscall != "":
+		r.Path, r.Target = "syscall", 0.97
+		if h.cfg.Attach == "fentry" || h.cfg.Attach == "kprobe" {
+			r.Target = 0.99
+		}
+	case c.Forward:
 		r.Path = "forward"
 	}
 	if c.DNS {
 		r.Target = 0.90
 	}
-	s, fc, err := h.sinkFor(c)
-	if err != nil {
-		return r, err
+	var s *Sink
+	var fc FloodConfig
+	if c.Syscall == "" {
+		var err error
+		if s, fc, err = h.sinkFor(c); err != nil {
+			return r, err
+		}
+		defer s.Close()
+	} else {
+		fc.Duration = h.cfg.Duration
 	}
-	defer s.Close()
 	var un, tr, unS, trS, cpu, cpuS float64
 	for round := range h.cfg.Rounds {
 		order := []bool{false, true}
@@ -354,7 +397,7 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 			order = []bool{true, false}
 		}
 		for _, traced := range order {
-			m, err := h.once(ctx, s, fc, traced)
+			m, err := h.once(ctx, c, s, fc, traced)
 			if err != nil {
 				return r, err
 			}
@@ -366,21 +409,28 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 				cpu += m.cpu.Seconds()
 				cpuS += m.cpuSecs
 				r.Events += m.sum.Events
+				r.EventBytes += m.sum.EventBytes
 				r.EventsLost += m.sum.EventsLost
+				r.Answered += m.sum.Queries.Answered
 			} else {
 				r.UntracedPPS = append(r.UntracedPPS, pps)
 				un += float64(m.received)
 				unS += m.secs
 			}
-			h.logf("  %-13s round %d %-8s %10.0f pkt/s (sent %d)", c.Name, round+1, map[bool]string{false: "untraced", true: "traced"}[traced], pps, m.flood.Sent)
+			h.logf("  %-13s round %d %-8s %10.0f /s (sent %d)", c.Name, round+1, map[bool]string{false: "untraced", true: "traced"}[traced], pps, m.flood.Sent)
 		}
 	}
 	r.Untraced, r.Traced = un/unS, tr/trS
-	if r.Untraced > 0 {
+	r.Invalid = r.EventsLost > 0
+	if r.Untraced > 0 && !r.Invalid {
 		r.Ratio = r.Traced / r.Untraced
 	}
 	if cpuS > 0 {
 		r.TracerCPU = cpu / cpuS
+	}
+	if r.Answered > 0 {
+		r.RecordsPerQuery = float64(r.Events) / float64(r.Answered)
+		r.BytesPerQuery = float64(r.EventBytes) / float64(r.Answered)
 	}
 	return r, nil
 }
@@ -395,7 +445,7 @@ func (h *harness) step(ctx context.Context, rate int) (Step, error) {
 	defer s.Close()
 	fc.Rate = rate
 	fc.Sockets = max(h.cfg.Sockets, 4)
-	m, err := h.once(ctx, s, fc, true)
+	m, err := h.once(ctx, c, s, fc, true)
 	if err != nil {
 		return st, err
 	}
@@ -403,7 +453,7 @@ func (h *harness) step(ctx context.Context, rate int) (Step, error) {
 	st.Sent = float64(m.flood.Sent) / m.secs
 	st.Received = float64(m.received) / m.secs
 	st.Answers = float64(m.flood.Answers) / m.secs
-	st.Events, st.Lost = m.sum.Events, m.sum.EventsLost
+	st.Events, st.Bytes, st.Lost = m.sum.Events, m.sum.EventBytes, m.sum.EventsLost
 	st.EventsPS = float64(m.sum.Events) / m.secs
 	st.Queries, st.Answered = m.sum.Queries.Queries, m.sum.Queries.Answered
 	st.Incidents = m.incidents
@@ -417,36 +467,49 @@ func (h *harness) step(ctx context.Context, rate int) (Step, error) {
 
 // WriteText prints a result as tables.
 func WriteText(w io.Writer, r *Result) {
-	fmt.Fprintf(w, "kernel %s, %d CPUs, %s tier, %.0fs floods\n\n", r.Kernel, r.CPUs, r.Tier, r.Duration)
+	fmt.Fprintf(w, "kernel %s, %d CPUs, %s tier, %.0fs per round\n\n", r.Kernel, r.CPUs, r.Tier, r.Duration)
 	if len(r.Cases) > 0 {
-		fmt.Fprintf(w, "%-13s %12s %12s %7s %-13s %11s %10s %10s\n", "case", "untraced/s", "traced/s", "ratio", "target", "tracer CPU", "events", "lost")
+		fmt.Fprintf(w, "%-13s %12s %12s %-9s %-13s %11s %10s %9s %8s\n", "case", "untraced/s", "traced/s", "ratio", "target", "tracer CPU", "records", "lost", "B/query")
 		for _, c := range r.Cases {
-			mark := "ok"
-			if c.Ratio < c.Target {
+			ratio, mark := fmt.Sprintf("%.3f", c.Ratio), "ok"
+			switch {
+			case c.Invalid:
+				ratio, mark = "invalid", "lost"
+			case c.Ratio < c.Target:
 				mark = "missed"
 			}
-			fmt.Fprintf(w, "%-13s %12.0f %12.0f %7.3f >=%.2f %-6s %8.2f c %10d %10d\n",
-				c.Name, c.Untraced, c.Traced, c.Ratio, c.Target, mark, c.TracerCPU, c.Events, c.EventsLost)
+			perQ := "-"
+			if c.BytesPerQuery > 0 {
+				perQ = fmt.Sprintf("%.0f", c.BytesPerQuery)
+			}
+			fmt.Fprintf(w, "%-13s %12.0f %12.0f %-9s >=%.2f %-6s %8.2f c %10d %9d %8s\n",
+				c.Name, c.Untraced, c.Traced, ratio, c.Target, mark, c.TracerCPU, c.Events, c.EventsLost, perQ)
 		}
+		fmt.Fprintln(w, "(a case whose traced rounds lost records has no ratio: the tracer shed work)")
 		fmt.Fprintln(w)
 	}
 	if len(r.Capacity) > 0 {
-		fmt.Fprintf(w, "%9s %10s %10s %10s %10s %8s %9s %9s %8s\n", "rate", "sent/s", "recv/s", "answers/s", "events/s", "lost", "queries", "CPU", "RSS MB")
+		fmt.Fprintf(w, "%9s %10s %10s %10s %10s %8s %9s %9s %8s\n", "rate", "sent/s", "recv/s", "answers/s", "records/s", "lost", "queries", "CPU", "RSS MB")
 		for _, s := range r.Capacity {
 			fmt.Fprintf(w, "%9d %10.0f %10.0f %10.0f %10.0f %8d %9d %7.2f c %8.1f\n",
 				s.Rate, s.Sent, s.Received, s.Answers, s.EventsPS, s.Lost, s.Queries, s.TracerCPU, float64(s.RSS)/1e6)
 		}
-		fmt.Fprintf(w, "highest rate traced with zero lost events: %d queries/s\n", r.MaxZeroLoss)
+		fmt.Fprintf(w, "highest rate traced with zero lost records: %d queries/s\n", r.MaxZeroLoss)
 	}
 }
 
-// Problems lists what makes a smoke run fail: events lost, malformed
-// records, or a tracer that saw fewer queries than the responder got.
+// Problems lists what makes a smoke run fail: records lost (in any case or
+// step), or a tracer that saw fewer queries than the responder got.
 func Problems(r *Result) []string {
 	var p []string
+	for _, c := range r.Cases {
+		if c.EventsLost > 0 {
+			p = append(p, fmt.Sprintf("case %s: %d records lost: its ratio is not a measurement", c.Name, c.EventsLost))
+		}
+	}
 	for _, s := range r.Capacity {
 		if s.Lost > 0 {
-			p = append(p, fmt.Sprintf("%d events lost at %d queries/s", s.Lost, s.Rate))
+			p = append(p, fmt.Sprintf("%d records lost at %d queries/s", s.Lost, s.Rate))
 		}
 		if float64(s.Queries) < s.Received*0.99*s.Seconds {
 			p = append(p, fmt.Sprintf("at %d queries/s the tracer saw %d queries, the responder %.0f", s.Rate, s.Queries, s.Received*s.Seconds))

@@ -27,12 +27,12 @@ type MemoryResult struct {
 	PeakRSS       uint64  `json:"peak_rss_bytes"`
 }
 
-// SyntheticQuery fills e as pod query i leaving its veth (tracepoint
-// tier): its own skb, source port, id and name, never answered.
+// SyntheticQuery fills e as the QUERY record of pod query i: its own
+// query id, source port, DNS id and name, never answered.
 func SyntheticQuery(e *event.Event, i int, netns uint32, t uint64) {
 	*e = event.Event{
-		Kind: event.KindXmit, Tier: event.TierTracepoint, TimeNs: t, NetNS: netns, CPU: uint16(i & 1),
-		Skb: 0xffff_8880_0000_0000 + uint64(i)*256,
+		Kind: event.KindQuery, Tier: event.TierTracepoint, TimeNs: t, NetNS: netns, CPU: uint16(i & 1),
+		QID: uint64(i) + 1,
 		Packet: event.Tuple{
 			Src:   netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 24), byte(i >> 16)}), uint16(1024+i%60000)),
 			Dst:   netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 0, 10}), 53),

@@ -17,6 +17,7 @@ import (
 // harness reads.
 type TraceSummary struct {
 	Events     uint64   `json:"events"`
+	EventBytes uint64   `json:"event_bytes"`
 	EventsLost uint64   `json:"events_lost"`
 	Malformed  uint64   `json:"events_malformed"`
 	Mismatch   []string `json:"mismatch"`
@@ -47,7 +48,7 @@ func startTracer(exe string, limit time.Duration, extra []string) (*tracerProc, 
 		return nil, err
 	}
 	ready := filepath.Join(dir, "ready")
-	args := append([]string{"trace", "--json", "--attach", "tracepoint", "--ready-file", ready, "--duration", limit.String()}, extra...)
+	args := append([]string{"trace", "--json", "--ready-file", ready, "--duration", limit.String()}, extra...)
 	t := &tracerProc{cmd: exec.Command(exe, args...), dir: dir, exited: make(chan error, 1)}
 	t.cmd.Stdout, t.cmd.Stderr = &t.out, &t.errb
 	if err := t.cmd.Start(); err != nil {

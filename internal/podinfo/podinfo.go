@@ -2,6 +2,7 @@ package podinfo
 
 import (
 	"bufio"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -244,20 +245,29 @@ func (r *Resolver) fromPID(pid uint32) (Pod, bool) {
 		return Pod{}, false
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// hierarchy-ID:controllers:path; v2 is "0::path". Any hierarchy
-		// names the pod the same way.
-		parts := strings.SplitN(sc.Text(), ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if p, ok := r.fromCgroupPath(parts[2]); ok {
+	for _, path := range CgroupPaths(f) {
+		if p, ok := r.fromCgroupPath(path); ok {
 			p.PID, p.Comm = pid, r.comm(pid)
 			return p, true
 		}
 	}
 	return Pod{}, false
+}
+
+// CgroupPaths returns the paths of a /proc/<pid>/cgroup file, one per
+// hierarchy line "hierarchy-ID:controllers:path" (cgroup v2: "0::path"), in
+// file order. Any hierarchy names the pod the same way. Lines of another
+// shape are skipped.
+func CgroupPaths(r io.Reader) []string {
+	var out []string
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) == 3 {
+			out = append(out, parts[2])
+		}
+	}
+	return out
 }
 
 var (
@@ -322,28 +332,45 @@ func (r *Resolver) readLogs() {
 	base := filepath.Join("/", r.cfg.Root, "var/log")
 	if ents, err := os.ReadDir(filepath.Join(base, "pods")); err == nil {
 		for _, e := range ents {
-			// <namespace>_<name>_<uid>: namespaces and names cannot hold
-			// '_', so the split is unambiguous.
-			f := strings.Split(e.Name(), "_")
-			if len(f) == 3 {
-				r.pods[f[2]] = [2]string{f[0], f[1]}
+			if ns, name, uid, ok := ParsePodLogDir(e.Name()); ok {
+				r.pods[uid] = [2]string{ns, name}
 			}
 		}
 	}
 	if ents, err := os.ReadDir(filepath.Join(base, "containers")); err == nil {
 		for _, e := range ents {
-			// <pod>_<namespace>_<container>-<64 hex id>.log
-			n := strings.TrimSuffix(e.Name(), ".log")
-			if len(n) < 66 || n[len(n)-65] != '-' {
-				continue
-			}
-			id := n[len(n)-64:]
-			f := strings.Split(n[:len(n)-65], "_")
-			if len(f) == 3 {
-				r.ctrs[id] = f[2]
+			if _, _, ctr, id, ok := ParseContainerLog(e.Name()); ok {
+				r.ctrs[id] = ctr
 			}
 		}
 	}
+}
+
+// ParsePodLogDir splits the name of a kubelet pod log folder,
+// <namespace>_<name>_<uid>. Namespaces, pod names and UIDs cannot hold '_',
+// so the split is unambiguous; ok is false for any other name.
+func ParsePodLogDir(dir string) (namespace, name, uid string, ok bool) {
+	f := strings.Split(dir, "_")
+	if len(f) != 3 || f[0] == "" || f[1] == "" || f[2] == "" {
+		return "", "", "", false
+	}
+	return f[0], f[1], f[2], true
+}
+
+// ParseContainerLog splits the name of a kubelet container log symlink,
+// <pod>_<namespace>_<container>-<64-character id>.log (the suffix is
+// optional).
+func ParseContainerLog(file string) (pod, namespace, container, id string, ok bool) {
+	n := strings.TrimSuffix(file, ".log")
+	if len(n) < 66 || n[len(n)-65] != '-' {
+		return "", "", "", "", false
+	}
+	id = n[len(n)-64:]
+	f := strings.Split(n[:len(n)-65], "_")
+	if len(f) != 3 || f[0] == "" || f[1] == "" || f[2] == "" {
+		return "", "", "", "", false
+	}
+	return f[0], f[1], f[2], id, true
 }
 
 // scanCgroups maps every cgroup v2 directory's inode (its cgroup id) to

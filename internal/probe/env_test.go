@@ -194,6 +194,15 @@ func dnatTo(addr string) []expr.Any {
 	}
 }
 
+// dnatToPort is dnat to addr:port.
+func dnatToPort(addr string, port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: 1, Data: net.ParseIP(addr).To4()},
+		&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(port)},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+	}
+}
+
 func join(parts ...[]expr.Any) []expr.Any {
 	var all []expr.Any
 	for _, p := range parts {
@@ -260,14 +269,19 @@ func (n *twoNS) sendUDP(t *testing.T, dst string, port int, payload []byte) {
 // serveDNS answers every query on addr:53 in the server namespace with
 // rcode (no answer records) until the test ends, repeat times each.
 func (n *twoNS) serveDNS(t *testing.T, addr string, rcode, repeat int) {
+	n.serveDNSPort(t, addr, 53, rcode, repeat)
+}
+
+// serveDNSPort is serveDNS on another port.
+func (n *twoNS) serveDNSPort(t *testing.T, addr string, port, rcode, repeat int) {
 	t.Helper()
 	var pc *net.UDPConn
 	err := inNS(n.server, func() (err error) {
-		pc, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.ParseIP(addr), Port: 53})
+		pc, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
 		return err
 	})
 	if err != nil {
-		t.Fatalf("listening on %s:53 in the server netns: %v", addr, err)
+		t.Fatalf("listening on %s:%d in the server netns: %v", addr, port, err)
 	}
 	t.Cleanup(func() { pc.Close() })
 	go func() {
@@ -319,7 +333,7 @@ func collect(t *testing.T, tr *Tracer) *collector {
 			c.mu.Lock()
 			c.events = append(c.events, *e)
 			c.mu.Unlock()
-		})
+		}, nil)
 	}()
 	t.Cleanup(c.stop)
 	return c
@@ -329,6 +343,28 @@ func (c *collector) stop() {
 	c.cancel()
 	<-c.done
 	c.done <- nil // later stops return at once
+}
+
+// query waits for the QUERY record of qname and returns it.
+func (c *collector) query(t *testing.T, qname string) event.Event {
+	t.Helper()
+	q, ok := c.wait(5*time.Second, func(e *event.Event) bool { return e.Kind == event.KindQuery && hasName(e, qname) })
+	if !ok {
+		c.dump(t)
+		t.Fatalf("no QUERY record for %s", qname)
+	}
+	return q
+}
+
+// of returns the records about query qid, the QUERY record included.
+func (c *collector) of(qid uint64) []event.Event {
+	var out []event.Event
+	for _, e := range c.all() {
+		if e.QID == qid {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // wait polls until match returns true for some event or the timeout.
@@ -364,7 +400,7 @@ func (c *collector) dump(t *testing.T) {
 }
 
 func describe(e *event.Event) string {
-	return fmt.Sprintf("%-8s %-10s netns=%d if=%d %s q=%s/%d ct=%#x st=%#x verdict=%d reason=%s",
-		e.Kind, e.Tier, e.NetNS, e.Ifindex, e.Packet, e.DNS.QName(), e.DNS.QType, e.CT.Ptr, e.CT.Status,
-		e.Verdict, DropReasonName(e.Reason))
+	return fmt.Sprintf("%-12s %-10s qid=%#x netns=%d %s q=%s/%d ct=%#x st=%#x winner=%#x reason=%s flags=%#x",
+		e.Kind, e.Tier, e.QID, e.NetNS, e.Packet, e.DNS.QName(), e.DNS.QType, e.CT.Ptr, e.CT.Status,
+		e.Winner.Ptr, DropReasonName(e.Reason), e.Flags)
 }

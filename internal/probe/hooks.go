@@ -37,6 +37,11 @@ func (p ProbeInfo) String() string {
 	return s
 }
 
+// errNotNeeded is the Err of a tracepoint hook the function mode does not
+// attach: the confirm, clash and delivery hooks say directly what it would
+// infer.
+var errNotNeeded = errors.New("not needed: the fentry/kprobe confirm, clash and delivery hooks report this directly")
+
 // attachPoint is one program of a hook and how to attach it.
 type attachPoint struct {
 	prog   string
@@ -50,36 +55,43 @@ const (
 	attachKretprobe
 )
 
-// hookDef describes a hook: the tracepoint variant is chosen from the
-// kernel's BTF (tp), the fentry/kprobe tiers have fixed programs.
-type hookDef struct {
-	name     string
-	required bool // tracepoint hooks Open cannot do without
-	// tracepoint tier: returns the program for this kernel, or why none
-	tp func(k *btf.Spec) (string, error)
-	// function hooks
+// fnHook is a kernel function hook: fentry/fexit programs, or the kprobe
+// equivalents.
+type fnHook struct {
+	name    string
 	fn      string // kernel function, for the BTF lookup
 	module  string // kernel module that may hold fn
 	checkFn func(proto *btf.FuncProto) error
 	fentry  []attachPoint
 	kprobe  []attachPoint
-	// tracepoint tier of a function hook, tried last (nil: none)
-	tpFallback func(k *btf.Spec, l *loader) (string, error)
+	// essential: without it the function mode cannot work, and the
+	// tracer falls back to the tracepoint tier.
+	essential bool
 }
 
-func fixedTP(prog string) func(*btf.Spec) (string, error) {
-	return func(*btf.Spec) (string, error) { return prog, nil }
+// tpHook is a tracepoint hook. modes says which tracer modes attach it
+// (bit 1<<Mode).
+type tpHook struct {
+	name     string
+	required bool // Open fails without it (in the modes that use it)
+	modes    int
+	// variant returns the program for this kernel, or why none
+	variant func(l *loader) (string, error)
 }
 
-var hooks = []hookDef{
-	{name: "net_dev_queue", required: true, tp: fixedTP(bpf.DnsraceProgTpNetDevQueue)},
-	{name: "netif_receive_skb", required: true, tp: fixedTP(bpf.DnsraceProgTpNetifReceiveSkb)},
-	{name: "skb_copy_datagram_iovec", required: true, tp: fixedTP(bpf.DnsraceProgTpSkbCopyDatagramIovec)},
-	{name: "kfree_skb", required: true, tp: kfreeSkbVariant},
-	{name: "kmem_cache_free", tp: kmemCacheFreeVariant},
-	{name: "udp_fail_queue_rcv_skb", tp: udpFailVariant},
+const (
+	inFunctionMode   = 1 << ModeFunction
+	inTracepointMode = 1 << ModeTracepoint
+)
+
+func fixedTP(prog string) func(*loader) (string, error) {
+	return func(*loader) (string, error) { return prog, nil }
+}
+
+// functionHooks, in the order they are attached.
+var functionHooks = []fnHook{
 	{
-		name: "nf_conntrack_confirm", fn: "__nf_conntrack_confirm", module: "nf_conntrack",
+		name: "nf_conntrack_confirm", fn: "__nf_conntrack_confirm", module: "nf_conntrack", essential: true,
 		fentry: []attachPoint{
 			{prog: bpf.DnsraceProgFeNfConntrackConfirm, kind: attachTracing},
 			{prog: bpf.DnsraceProgFxNfConntrackConfirm, kind: attachTracing},
@@ -96,10 +108,8 @@ var hooks = []hookDef{
 		kprobe:  []attachPoint{{prog: bpf.DnsraceProgKpNfCtResolveClash, kind: attachKprobe, symbol: "nf_ct_resolve_clash"}},
 	},
 	{
-		// Deliveries of linear datagrams, which skb_copy_datagram_iovec
-		// does not see (UDP copies them with copy_linear_skb). No
-		// tracepoint tier: see tp_skb_copy_datagram_iovec.
-		name: "skb_consume_udp", fn: "skb_consume_udp",
+		// Answers reaching the asking socket.
+		name: "skb_consume_udp", fn: "skb_consume_udp", essential: true,
 		fentry: []attachPoint{{prog: bpf.DnsraceProgFeSkbConsumeUdp, kind: attachTracing}},
 		kprobe: []attachPoint{{prog: bpf.DnsraceProgKpSkbConsumeUdp, kind: attachKprobe, symbol: "skb_consume_udp"}},
 	},
@@ -113,6 +123,16 @@ var hooks = []hookDef{
 		fentry: []attachPoint{{prog: bpf.DnsraceProgFeUdpv6Sendmsg, kind: attachTracing}},
 		kprobe: []attachPoint{{prog: bpf.DnsraceProgKpUdpv6Sendmsg, kind: attachKprobe, symbol: "udpv6_sendmsg"}},
 	},
+}
+
+// tracepointHooks, attached after the function hooks decided the mode.
+var tracepointHooks = []tpHook{
+	{name: "net_dev_queue", required: true, modes: inTracepointMode, variant: fixedTP(bpf.DnsraceProgTpNetDevQueue)},
+	{name: "netif_receive_skb", required: true, modes: inTracepointMode, variant: fixedTP(bpf.DnsraceProgTpNetifReceiveSkb)},
+	{name: "skb_copy_datagram_iovec", modes: inTracepointMode, variant: fixedTP(bpf.DnsraceProgTpSkbCopyDatagramIovec)},
+	{name: "kfree_skb", required: true, modes: inFunctionMode | inTracepointMode, variant: kfreeSkbVariant},
+	{name: "kmem_cache_free", modes: inTracepointMode, variant: kmemCacheFreeVariant},
+	{name: "udp_fail_queue_rcv_skb", modes: inFunctionMode | inTracepointMode, variant: udpFailVariant},
 }
 
 // tracepointArgs returns the argument types of tracepoint tp (without the
@@ -135,8 +155,8 @@ func tracepointArgs(k *btf.Spec, tp string) ([]btf.FuncParam, error) {
 
 // kfreeSkbVariant picks the kfree_skb program by the tracepoint's arity:
 // (skb, location) before 5.17, + reason in 5.17, + rx_sk in 6.11.
-func kfreeSkbVariant(k *btf.Spec) (string, error) {
-	args, err := tracepointArgs(k, "kfree_skb")
+func kfreeSkbVariant(l *loader) (string, error) {
+	args, err := tracepointArgs(l.kspec, "kfree_skb")
 	if err != nil {
 		return "", err
 	}
@@ -152,8 +172,8 @@ func kfreeSkbVariant(k *btf.Spec) (string, error) {
 }
 
 // udpFailVariant: (rc, sk) before 6.10, (rc, sk, skb) since.
-func udpFailVariant(k *btf.Spec) (string, error) {
-	args, err := tracepointArgs(k, "udp_fail_queue_rcv_skb")
+func udpFailVariant(l *loader) (string, error) {
+	args, err := tracepointArgs(l.kspec, "udp_fail_queue_rcv_skb")
 	if err != nil {
 		return "", err
 	}
@@ -163,10 +183,12 @@ func udpFailVariant(k *btf.Spec) (string, error) {
 	return bpf.DnsraceProgTpUdpFailQueueRcvSkbSk, nil
 }
 
-// kmemCacheFreeVariant needs the (call_site, ptr, struct kmem_cache *)
-// prototype of 6.1 and later.
-func kmemCacheFreeVariant(k *btf.Spec) (string, error) {
-	args, err := tracepointArgs(k, "kmem_cache_free")
+// kmemCacheFreeVariant: the (call_site, ptr, struct kmem_cache *)
+// prototype of 6.1 and later names the nf_conntrack cache; before it, the
+// frees are told apart by their call site in the nf_conntrack module's text
+// (its range goes into cfg).
+func kmemCacheFreeVariant(l *loader) (string, error) {
+	args, err := tracepointArgs(l.kspec, "kmem_cache_free")
 	if err != nil {
 		return "", err
 	}
@@ -177,7 +199,15 @@ func kmemCacheFreeVariant(k *btf.Spec) (string, error) {
 			}
 		}
 	}
-	return "", errors.New("kmem_cache_free tracepoint has no struct kmem_cache argument (kernel < 6.1): unconfirmed conntrack frees are not traced")
+	if len(args) != 2 {
+		return "", fmt.Errorf("kmem_cache_free tracepoint has %d arguments, want 2 or 3", len(args))
+	}
+	lo, hi, err := moduleText(l.opts.ProcRoot, "nf_conntrack")
+	if err != nil {
+		return "", fmt.Errorf("kmem_cache_free has no cache argument before 6.1, and nf_conntrack's text was not found (merged clash losers are not traced): %w", err)
+	}
+	l.cfg.CtFreeLo, l.cfg.CtFreeHi = lo, hi
+	return bpf.DnsraceProgTpKmemCacheFreeSite, nil
 }
 
 // checkResolveClash refuses the pre-5.6 prototype (net, skb, ctinfo, h).

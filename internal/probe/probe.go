@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -20,24 +22,28 @@ import (
 	"github.com/dnsrace/dnsrace/internal/event"
 )
 
-// DefaultRingBufferSize is the ring buffer size when Options leaves it 0.
-// 32 MiB holds about half a second of events at 25,000 DNS queries/s (10
-// events a query): the reader loses the CPUs in bursts to the traffic it
-// traces, and with 4 MiB (70 ms) it lost events above 10,000 queries/s
-// (docs/performance.md).
+// DefaultRingBufferSize is the ring buffer size when Options leaves it 0:
+// about 180,000 records of an answered query (a QUERY and an ANSWER record
+// take about 190 bytes), half a second of the fastest flood this project's
+// machines make.
 const DefaultRingBufferSize = 32 << 20
+
+// MaxPorts is how many DNS ports Options.Ports may list.
+const MaxPorts = 8
 
 // Options configure Open.
 type Options struct {
-	// Port is the DNS port filtered on in the kernel; 0 means 53.
-	Port uint16
+	// Ports are the DNS ports a query is first recognised by; empty means
+	// 53. At most MaxPorts.
+	Ports []uint16
 	// NetNS keeps only events of the network namespace with this inode;
 	// 0 keeps every namespace.
 	NetNS uint32
-	// Attach forces one tier for every hook: TierFentry or TierKprobe for
-	// the confirm, clash and send hooks (an error if one of them cannot use
-	// it), TierTracepoint to attach only the tracepoints. TierNone chooses
-	// the best tier per hook (fentry, then kprobe).
+	// Attach forces one tier: TierFentry or TierKprobe for the function
+	// hooks (an error if one of them cannot use it), TierTracepoint for the
+	// tracepoint tier alone. TierNone chooses the best tier per hook
+	// (fentry, then kprobe) and falls back to the tracepoint tier when the
+	// confirm or delivery hook cannot attach.
 	Attach event.Tier
 	// KernelBTF is a BTF file to use instead of /sys/kernel/btf/vmlinux
 	// (for CO-RE and for choosing program variants), e.g. from btfhub.
@@ -45,40 +51,60 @@ type Options struct {
 	// RingBufferSize in bytes: a power of two multiple of the page size;
 	// 0 means DefaultRingBufferSize.
 	RingBufferSize uint32
+	// ProcRoot is where the host's /proc is ("" means /proc): the
+	// kmem_cache_free hook of kernels before 6.1 needs nf_conntrack's text
+	// range from /proc/modules.
+	ProcRoot string
+}
+
+// Mode is how the tracer learns what conntrack did.
+type Mode int
+
+const (
+	// ModeFunction: the confirm and clash hooks (fentry or kprobe) report
+	// verdicts; queries are first seen at udp_sendmsg and answers at
+	// skb_consume_udp. No device hook runs.
+	ModeFunction Mode = iota
+	// ModeTracepoint: device tracepoints first see queries and watch
+	// entries get confirmed; the maps of confirmed entries name winners,
+	// and freed unconfirmed entries show merged losers.
+	ModeTracepoint
+)
+
+func (m Mode) String() string {
+	if m == ModeFunction {
+		return "function"
+	}
+	return "tracepoint"
 }
 
 // Tracer is a loaded and attached set of dnsrace programs.
 type Tracer struct {
+	mode   Mode
 	probes []ProbeInfo
 	colls  []*ebpf.Collection
 	links  []link.Link
-	events *ebpf.Map
-	lost   *ebpf.Map
-	cachep *ebpf.Map
+	maps   map[string]*ebpf.Map // every map, created once, shared
 	rd     *ringbuf.Reader
 
 	readMu    sync.Mutex // one Read at a time; guards rec and ev
 	rec       ringbuf.Record
 	ev        event.Event
-	malformed uint64
+	malformed atomic.Uint64
+	bytes     atomic.Uint64 // record bytes read
 
 	closeOnce sync.Once
 }
 
-// shared maps: created once, handed to every per-hook collection.
-var sharedMaps = []string{bpf.DnsraceMapEvents, bpf.DnsraceMapLost, bpf.DnsraceMapCtCachep}
-
-// Open loads and attaches the programs. The tracepoint hooks are always
-// attached (a failure there is an error); the confirm, clash and send hooks
-// use the tier opts.Attach forces, or else the best that loads and attaches
-// here. Probes reports what was chosen and why.
+// Open loads and attaches the programs: first the function hooks (unless
+// the tracepoint tier is forced), then the tracepoints the resulting mode
+// needs. Probes reports what was chosen and why.
 func Open(opts Options) (*Tracer, error) {
 	switch opts.Attach {
 	case event.TierNone, event.TierTracepoint, event.TierKprobe, event.TierFentry:
 	default:
 		return nil, fmt.Errorf("unknown attach tier %v", opts.Attach)
 	}
-
 	l, err := newLoader(opts)
 	if err != nil {
 		return nil, err
@@ -91,19 +117,47 @@ func Open(opts Options) (*Tracer, error) {
 		}
 	}()
 
-	for _, h := range hooks {
-		var err error
-		if h.tp != nil {
-			err = l.tracepoint(h)
-		} else {
-			err = l.function(h)
+	t.mode = ModeTracepoint
+	if opts.Attach != event.TierTracepoint {
+		fn := make([]attached, 0, len(functionHooks))
+		for _, h := range functionHooks {
+			a, err := l.function(h)
+			if err != nil {
+				return nil, err
+			}
+			fn = append(fn, a)
 		}
-		if err != nil {
+		if need := neededForFunctionMode(fn); need == "" {
+			t.mode = ModeFunction
+			for _, a := range fn {
+				t.keep(a)
+			}
+		} else {
+			// Without the confirm or delivery hook the function tier
+			// cannot tell what happened: everything goes through the
+			// tracepoints, so nothing is seen twice.
+			for _, a := range fn {
+				a.release()
+				if a.info.Attached {
+					a.info.Attached = false
+					a.info.Err = fmt.Errorf("attached, then released: %s did not attach, so the tracepoint tier traces everything", need)
+				}
+				t.probes = append(t.probes, a.info)
+			}
+		}
+	} else {
+		for _, h := range functionHooks {
+			t.probes = append(t.probes, ProbeInfo{Hook: h.name, Err: ErrNoTracepoint})
+		}
+	}
+
+	for _, h := range tracepointHooks {
+		if err := l.tracepoint(h); err != nil {
 			return nil, err
 		}
 	}
 
-	t.rd, err = ringbuf.NewReader(t.events)
+	t.rd, err = ringbuf.NewReader(t.maps[bpf.DnsraceMapEvents])
 	if err != nil {
 		return nil, fmt.Errorf("opening the ring buffer reader: %w", err)
 	}
@@ -111,11 +165,24 @@ func Open(opts Options) (*Tracer, error) {
 	return t, nil
 }
 
-// newLoader reads BTF and the BPF object, applies opts and creates the
-// shared maps. On error nothing stays open; on success l.t owns the maps.
+// neededForFunctionMode names the hook the function mode lacks, or "".
+func neededForFunctionMode(fn []attached) string {
+	for _, a := range fn {
+		if !a.info.Attached && a.h.essential {
+			return a.h.name
+		}
+	}
+	return ""
+}
+
+// newLoader reads BTF and the BPF object and applies opts.
 func newLoader(opts Options) (*loader, error) {
-	if opts.Port == 0 {
-		opts.Port = 53
+	ports := opts.Ports
+	if len(ports) == 0 {
+		ports = []uint16{53}
+	}
+	if len(ports) > MaxPorts {
+		return nil, fmt.Errorf("%d DNS ports: at most %d", len(ports), MaxPorts)
 	}
 	if opts.RingBufferSize == 0 {
 		opts.RingBufferSize = DefaultRingBufferSize
@@ -127,33 +194,19 @@ func newLoader(opts Options) (*loader, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("removing the memlock rlimit: %w", err)
 	}
-
 	spec, err := bpf.LoadDnsrace()
 	if err != nil {
 		return nil, fmt.Errorf("loading the embedded BPF object: %w", err)
 	}
 	spec.Maps[bpf.DnsraceMapEvents].MaxEntries = opts.RingBufferSize
-	cfg := bpf.DnsraceConfig{Port: opts.Port, Netns: opts.NetNS}
-	if err := spec.Variables[bpf.DnsraceVarCfg].Set(cfg); err != nil {
-		return nil, fmt.Errorf("setting the BPF config: %w", err)
-	}
-
-	t := &Tracer{}
-
-	repl := map[string]*ebpf.Map{}
-	for _, name := range sharedMaps {
-		m, err := ebpf.NewMap(spec.Maps[name])
-		if err != nil {
-			for _, m := range repl {
-				m.Close()
-			}
-			return nil, explain(fmt.Errorf("creating map %s: %w", name, err))
+	cfg := bpf.DnsraceConfig{Netns: opts.NetNS, WakeupBytes: opts.RingBufferSize / 8}
+	for i, p := range ports {
+		if p == 0 {
+			return nil, errors.New("DNS port 0")
 		}
-		repl[name] = m
+		cfg.Ports[i] = p
 	}
-	t.events, t.lost, t.cachep = repl[bpf.DnsraceMapEvents], repl[bpf.DnsraceMapLost], repl[bpf.DnsraceMapCtCachep]
-
-	l := &loader{t: t, spec: spec, kspec: kspec, opts: opts, repl: repl, cache: btf.NewCache()}
+	l := &loader{t: &Tracer{maps: map[string]*ebpf.Map{}}, spec: spec, kspec: kspec, opts: opts, cfg: cfg, cache: btf.NewCache()}
 	if opts.KernelBTF != "" {
 		l.progOpts.KernelTypes = kspec
 		// An explicit kernel spec replaces module BTF too: add the
@@ -164,7 +217,6 @@ func newLoader(opts Options) (*loader, error) {
 			}
 		}
 	}
-
 	return l, nil
 }
 
@@ -191,19 +243,17 @@ type loader struct {
 	spec     *ebpf.CollectionSpec
 	kspec    *btf.Spec
 	opts     Options
-	repl     map[string]*ebpf.Map
+	cfg      bpf.DnsraceConfig
 	progOpts ebpf.ProgramOptions
 	cache    *btf.Cache // kernel BTF decoded once for every collection
 }
 
-// load creates a collection holding only progs (and the maps they use,
-// with the shared ones replaced).
+// load creates a collection holding only progs. Every map they use is
+// created once and shared with the other collections; the read-only
+// variables (cfg, track_cts) are set per collection.
 func (l *loader) load(progs ...string) (*ebpf.Collection, error) {
 	cs := l.spec.Copy()
 	keep := map[string]bool{}
-	for name := range cs.Programs {
-		keep[name] = false
-	}
 	maps := map[string]bool{}
 	for _, p := range progs {
 		ps, found := cs.Programs[p]
@@ -219,22 +269,31 @@ func (l *loader) load(progs ...string) (*ebpf.Collection, error) {
 			}
 		}
 	}
-	for name, k := range keep {
-		if !k {
+	for name := range cs.Programs {
+		if !keep[name] {
 			delete(cs.Programs, name)
 		}
 	}
-	for name := range cs.Maps {
-		// data sections (.rodata, .bss) stay: variables refer to them
-		if !maps[name] && !strings.HasPrefix(name, ".") {
-			delete(cs.Maps, name)
-		}
+	if err := cs.Variables[bpf.DnsraceVarCfg].Set(l.cfg); err != nil {
+		return nil, fmt.Errorf("setting the BPF config: %w", err)
+	}
+	if err := cs.Variables[bpf.DnsraceVarTrackCts].Set(l.t.mode == ModeTracepoint); err != nil {
+		return nil, fmt.Errorf("setting the BPF mode: %w", err)
 	}
 	repl := map[string]*ebpf.Map{}
-	for name, m := range l.repl {
-		if maps[name] {
-			repl[name] = m
+	for name := range cs.Maps {
+		if strings.HasPrefix(name, ".") {
+			continue // data sections: per collection, variables refer to them
 		}
+		if !maps[name] {
+			delete(cs.Maps, name)
+			continue
+		}
+		m, err := l.sharedMap(name)
+		if err != nil {
+			return nil, err
+		}
+		repl[name] = m
 	}
 	return ebpf.NewCollectionWithOptions(cs, ebpf.CollectionOptions{
 		Programs:        l.progOpts,
@@ -243,10 +302,29 @@ func (l *loader) load(progs ...string) (*ebpf.Collection, error) {
 	})
 }
 
-// tracepoint loads and attaches the tp_btf program of h.
-func (l *loader) tracepoint(h hookDef) error {
+// sharedMap returns map name, creating it on first use.
+func (l *loader) sharedMap(name string) (*ebpf.Map, error) {
+	if m, ok := l.t.maps[name]; ok {
+		return m, nil
+	}
+	m, err := ebpf.NewMap(l.spec.Maps[name])
+	if err != nil {
+		return nil, explain(fmt.Errorf("creating map %s: %w", name, err))
+	}
+	l.t.maps[name] = m
+	return m, nil
+}
+
+// tracepoint loads and attaches the program of tracepoint hook h, if the
+// tracer's mode uses it.
+func (l *loader) tracepoint(h tpHook) error {
 	info := ProbeInfo{Hook: h.name, Tier: event.TierTracepoint}
-	prog, err := h.tp(l.kspec)
+	if h.modes&(1<<l.t.mode) == 0 {
+		info.Tier, info.Err = event.TierNone, errNotNeeded
+		l.t.probes = append(l.t.probes, info)
+		return nil
+	}
+	prog, err := h.variant(l)
 	if err != nil {
 		if h.required {
 			return fmt.Errorf("choosing the %s program: %w", h.name, err)
@@ -287,62 +365,63 @@ func (l *loader) tracepoint(h hookDef) error {
 	return nil
 }
 
-// function attaches a confirm/clash/send hook with the forced tier, or the
-// first of fentry, kprobe that loads and attaches.
-func (l *loader) function(h hookDef) error {
-	info := ProbeInfo{Hook: h.name}
-	var tiers []event.Tier
-	switch l.opts.Attach {
-	case event.TierTracepoint:
-		if h.tpFallback == nil {
-			info.Err = ErrNoTracepoint
-			l.t.probes = append(l.t.probes, info)
-			return nil
-		}
-		tiers = []event.Tier{event.TierTracepoint}
-	case event.TierNone:
-		tiers = []event.Tier{event.TierFentry, event.TierKprobe}
-		if h.tpFallback != nil {
-			tiers = append(tiers, event.TierTracepoint)
-		}
-	default:
+// attached is a function hook's outcome before the mode is decided.
+type attached struct {
+	h     fnHook
+	info  ProbeInfo
+	links []link.Link
+	coll  *ebpf.Collection
+}
+
+func (a *attached) release() {
+	for _, lk := range a.links {
+		lk.Close()
+	}
+	if a.coll != nil {
+		a.coll.Close()
+	}
+	a.links, a.coll = nil, nil
+}
+
+// keep hands a's programs to the tracer.
+func (t *Tracer) keep(a attached) {
+	if a.coll != nil {
+		t.colls = append(t.colls, a.coll)
+	}
+	t.links = append(t.links, a.links...)
+	t.probes = append(t.probes, a.info)
+}
+
+// function attaches a function hook with the forced tier, or the first of
+// fentry, kprobe that loads and attaches. A forced tier that cannot trace
+// the hook is an error.
+func (l *loader) function(h fnHook) (attached, error) {
+	a := attached{h: h, info: ProbeInfo{Hook: h.name}}
+	tiers := []event.Tier{event.TierFentry, event.TierKprobe}
+	if l.opts.Attach != event.TierNone {
 		tiers = []event.Tier{l.opts.Attach}
 	}
-
 	var errs []error
 	for _, tier := range tiers {
-		var aps []attachPoint
-		switch tier {
-		case event.TierFentry:
-			aps = h.fentry
-		case event.TierKprobe:
+		aps := h.fentry
+		if tier == event.TierKprobe {
 			aps = h.kprobe
-		case event.TierTracepoint:
-			prog, err := h.tpFallback(l.kspec, l)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", tier, err))
-				continue
-			}
-			aps = []attachPoint{{prog: prog, kind: attachTracing}}
 		}
 		links, coll, err := l.tryTier(h, tier, aps)
 		if err != nil {
-			if l.opts.Attach != event.TierNone && l.opts.Attach != event.TierTracepoint {
-				return &TierError{Hook: h.name, Tier: tier, Err: err}
+			if l.opts.Attach != event.TierNone {
+				return a, &TierError{Hook: h.name, Tier: tier, Err: err}
 			}
 			errs = append(errs, fmt.Errorf("%s: %w", tier, err))
 			continue
 		}
-		l.t.colls = append(l.t.colls, coll)
-		l.t.links = append(l.t.links, links...)
-		info.Tier, info.Attached, info.Program = tier, true, progNames(aps)
-		info.Err = errors.Join(errs...)
-		l.t.probes = append(l.t.probes, info)
-		return nil
+		a.links, a.coll = links, coll
+		a.info.Tier, a.info.Attached, a.info.Program = tier, true, progNames(aps)
+		a.info.Err = errors.Join(errs...)
+		return a, nil
 	}
-	info.Err = errors.Join(errs...)
-	l.t.probes = append(l.t.probes, info)
-	return nil
+	a.info.Err = errors.Join(errs...)
+	return a, nil
 }
 
 func progNames(aps []attachPoint) string {
@@ -355,10 +434,7 @@ func progNames(aps []attachPoint) string {
 
 // tryTier probes, loads and attaches one tier of h; on error nothing stays
 // loaded.
-func (l *loader) tryTier(h hookDef, tier event.Tier, aps []attachPoint) ([]link.Link, *ebpf.Collection, error) {
-	if tier == event.TierTracepoint {
-		return l.loadAttach(aps)
-	}
+func (l *loader) tryTier(h fnHook, tier event.Tier, aps []attachPoint) ([]link.Link, *ebpf.Collection, error) {
 	pt := ebpf.Kprobe
 	if tier == event.TierFentry {
 		pt = ebpf.Tracing
@@ -377,14 +453,12 @@ func (l *loader) tryTier(h hookDef, tier event.Tier, aps []attachPoint) ([]link.
 		return nil, nil, err // fentry needs the BTF id; a kprobe only the symbol
 	}
 	if fn != nil && h.checkFn != nil {
-		proto, _ := fn.Type.(*btf.FuncProto)
-		if proto != nil {
+		if proto, _ := fn.Type.(*btf.FuncProto); proto != nil {
 			if err := h.checkFn(proto); err != nil {
 				return nil, nil, err
 			}
 		}
 	}
-
 	return l.loadAttach(aps)
 }
 
@@ -467,26 +541,39 @@ func (e *TierError) Error() string {
 
 func (e *TierError) Unwrap() error { return e.Err }
 
+// Mode reports how the tracer learns what conntrack did.
+func (t *Tracer) Mode() Mode { return t.mode }
+
 // Probes reports, per hook, the tier and programs in use.
 func (t *Tracer) Probes() []ProbeInfo {
 	return append([]ProbeInfo(nil), t.probes...)
 }
 
-// Read calls fn for each event until ctx is done or the Tracer is closed,
+// IdleEvery is how often Read calls its idle function while the ring
+// buffer is empty, and so the longest a record waits in the ring: the
+// kernel side wakes the reader only once a good part of the ring is full.
+const IdleEvery = 100 * time.Millisecond
+
+// Read calls fn for each record until ctx is done or the Tracer is closed,
 // then returns nil. fn gets the same *event.Event every time: it must copy
-// what it keeps. Read does not allocate per event. Records that do not
-// decode are counted (Malformed) and skipped.
-func (t *Tracer) Read(ctx context.Context, fn func(*event.Event)) error {
+// what it keeps. Read does not allocate per record. Records that do not
+// decode are counted (Malformed) and skipped. idle, if not nil, is called
+// from the same goroutine whenever the ring buffer has been empty for
+// IdleEvery, so a caller can keep all its state on the reading goroutine
+// and never share a lock with it.
+func (t *Tracer) Read(ctx context.Context, fn func(*event.Event), idle func()) error {
 	t.readMu.Lock()
 	defer t.readMu.Unlock()
 	if t.rd == nil {
 		return errors.New("tracer is closed")
 	}
 	// ctx done: Flush wakes a blocked ReadInto, which returns the records
-	// still in the ring and then ErrFlushed. (SetDeadline would wait for the
-	// reader's lock, held while it blocks.)
+	// still in the ring and then ErrFlushed.
 	stop := context.AfterFunc(ctx, func() { t.rd.Flush() })
 	defer stop()
+	// The deadline is only ever set here, between reads, so SetDeadline
+	// (which takes the reader's lock) never waits for a blocked read.
+	t.rd.SetDeadline(time.Now().Add(IdleEvery))
 	for {
 		if err := t.rd.ReadInto(&t.rec); err != nil {
 			switch {
@@ -497,39 +584,82 @@ func (t *Tracer) Read(ctx context.Context, fn func(*event.Event)) error {
 					return nil
 				}
 				continue
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				if idle != nil {
+					idle()
+				}
+				t.rd.SetDeadline(time.Now().Add(IdleEvery))
+				continue
 			}
 			return fmt.Errorf("reading the ring buffer: %w", err)
 		}
+		t.bytes.Add(uint64(len(t.rec.RawSample)))
 		if err := event.Decode(t.rec.RawSample, &t.ev); err != nil {
-			t.malformed++
+			t.malformed.Add(1)
 			continue
 		}
 		fn(&t.ev)
 	}
 }
 
-// Lost returns how many events the kernel side dropped because the ring
-// buffer was full (the sum of the per-CPU counters).
-func (t *Tracer) Lost() uint64 {
-	var per []uint64
-	if t.lost == nil || t.lost.Lookup(uint32(0), &per) != nil {
-		return 0
-	}
-	var sum uint64
-	for _, n := range per {
-		sum += n
-	}
-	return sum
+// Stats are the kernel side's own counts.
+type Stats struct {
+	// Lost: records the ring buffer had no room for.
+	Lost uint64
+	// FlowsNew: queries first seen; FlowsAnswered: flows ended by their
+	// answer. The rest were evicted from the LRU map unanswered, or are
+	// still in it (FlowsLive).
+	FlowsNew, FlowsAnswered uint64
 }
 
-// Malformed returns how many records Read skipped because they did not
-// decode (a kernel/user-space mismatch; should stay 0). Call it after Read
-// returned.
-func (t *Tracer) Malformed() uint64 {
-	t.readMu.Lock()
-	defer t.readMu.Unlock()
-	return t.malformed
+// Stats sums the kernel side's per-CPU counters (zero once closed).
+func (t *Tracer) Stats() Stats {
+	var s Stats
+	m := t.maps[bpf.DnsraceMapStats]
+	if m == nil {
+		return s
+	}
+	var per []uint64
+	for i, dst := range []*uint64{&s.Lost, &s.FlowsNew, &s.FlowsAnswered} {
+		if m.Lookup(uint32(i), &per) != nil {
+			continue
+		}
+		for _, n := range per {
+			*dst += n
+		}
+	}
+	return s
 }
+
+// Lost returns how many records the kernel side could not deliver because
+// the ring buffer was full (the sum of the per-CPU counters).
+func (t *Tracer) Lost() uint64 { return t.Stats().Lost }
+
+// FlowsLive counts the flows in the kernel's map now: queries not yet
+// answered and not yet evicted. It walks the map: call it rarely.
+func (t *Tracer) FlowsLive() uint64 {
+	m := t.maps[bpf.DnsraceMapFlows]
+	if m == nil {
+		return 0
+	}
+	var n uint64
+	var k bpf.DnsraceFlowKey
+	var v bpf.DnsraceFlow
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	return n
+}
+
+// Bytes returns how many bytes of records Read has read (the ring
+// buffer's own 8-byte record headers not counted). Safe while Read runs.
+func (t *Tracer) Bytes() uint64 { return t.bytes.Load() }
+
+// Malformed returns how many records Read skipped because they did not
+// decode (a kernel/user-space mismatch; should stay 0). Safe while Read
+// runs.
+func (t *Tracer) Malformed() uint64 { return t.malformed.Load() }
 
 // Close detaches and unloads everything; a concurrent Read returns nil.
 // Close is idempotent.
@@ -545,10 +675,8 @@ func (t *Tracer) Close() error {
 		for _, c := range t.colls {
 			c.Close()
 		}
-		for _, m := range []*ebpf.Map{t.events, t.lost, t.cachep} {
-			if m != nil {
-				errs = append(errs, m.Close())
-			}
+		for _, m := range t.maps {
+			errs = append(errs, m.Close())
 		}
 	})
 	return errors.Join(errs...)

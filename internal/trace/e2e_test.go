@@ -52,9 +52,10 @@ type traced struct {
 	incidents []*correlate.Incident
 	pods      map[uint32]int // pod netns inode -> pod index
 	text      string
-	// node is the reconciliation of the lab's node namespace, where NAT
-	// and conntrack happen.
-	node NamespaceSummary
+	// nat is the reconciliation summed over every namespace whose
+	// conntrack the scenario drives (the lab's Report.NATNetNS: the node,
+	// or each pod when the NAT is in the sender's own namespace).
+	nat NamespaceSummary
 }
 
 func (tr *traced) count(cause string) int { return len(tr.byCause(cause)) }
@@ -129,10 +130,30 @@ func traceScenario(t *testing.T, name string) *traced {
 	}
 	tr.rep = rep
 	tr.text = out.String()
+	byNS := map[uint32]NamespaceSummary{}
 	for _, n := range tr.sum.Namespaces {
-		if n.NetNS == rep.NodeNetNS {
-			tr.node = n
+		byNS[n.NetNS] = n
+	}
+	labNS := map[uint32]lab.NetNSConntrack{}
+	for _, n := range rep.ConntrackByNetNS {
+		labNS[n.NetNS] = n
+	}
+	for _, ns := range rep.NATNetNS {
+		n, ok := byNS[ns]
+		if !ok {
+			t.Errorf("no reconciliation for the NAT namespace %d (%s)", ns, labNS[ns].Name)
+			continue
 		}
+		// Only the lab drives these namespaces' conntrack: the tracer's
+		// reading of the kernel must agree with the lab's, namespace by
+		// namespace.
+		if l := labNS[ns].Conntrack; n.Kernel.InsertFailed != l.InsertFailed || n.Kernel.ClashResolve != l.ClashResolve {
+			t.Errorf("netns %d (%s): tracer read counters %+v, the lab measured %+v", ns, labNS[ns].Name, n.Kernel, l)
+		}
+		tr.nat.Kernel.Add(n.Kernel)
+		tr.nat.Attributed.InsertFailed += n.Attributed.InsertFailed
+		tr.nat.Attributed.Drop += n.Attributed.Drop
+		tr.nat.Attributed.ClashResolve += n.Attributed.ClashResolve
 	}
 	// The tier that was asked for must be the one that traced; where fentry
 	// is limited, the fallback (kprobe) with the reason fentry was skipped.
@@ -149,18 +170,13 @@ func traceScenario(t *testing.T, name string) *traced {
 			t.Fatalf("confirm hook: tier %s attached=%v, want %s", p.Tier, p.Attached, want)
 		}
 	}
-	t.Logf("lab: lookups %d stalls %d timeouts %d lost %d conntrack %+v", rep.Lookups, rep.Stalls, rep.StallTimeout, rep.LostReplies, rep.Conntrack)
-	t.Logf("trace: %d incidents in the lab's pods; node kernel %+v attributed %+v; events lost %d", len(tr.incidents), tr.node.Kernel, tr.node.Attributed, tr.sum.EventsLost)
-	if tr.node.NetNS == 0 {
-		t.Errorf("no reconciliation for the node namespace %d", rep.NodeNetNS)
-	}
-	// Only the lab drives the node's conntrack: the kernel's counters and
-	// what the tracer saw of them must agree with the lab's own reading.
-	if tr.node.Kernel.InsertFailed != rep.Conntrack.InsertFailed || tr.node.Kernel.ClashResolve != rep.Conntrack.ClashResolve {
-		t.Errorf("tracer read node counters %+v, the lab measured %+v", tr.node.Kernel, rep.Conntrack)
+	t.Logf("lab: lookups %d stalls %d timeouts %d lost %d conntrack %+v in netns %v", rep.Lookups, rep.Stalls, rep.StallTimeout, rep.LostReplies, rep.Conntrack, rep.NATNetNS)
+	t.Logf("trace: %d incidents in the lab's pods; NAT netns kernel %+v attributed %+v; events lost %d", len(tr.incidents), tr.nat.Kernel, tr.nat.Attributed, tr.sum.EventsLost)
+	if tr.nat.Kernel.InsertFailed != rep.Conntrack.InsertFailed || tr.nat.Kernel.ClashResolve != rep.Conntrack.ClashResolve {
+		t.Errorf("tracer read NAT netns counters %+v, the lab measured %+v", tr.nat.Kernel, rep.Conntrack)
 	}
 	// Every scenario: what was attributed equals what the kernel counted.
-	k, a := tr.node.Kernel, tr.node.Attributed
+	k, a := tr.nat.Kernel, tr.nat.Attributed
 	if k.InsertFailed != a.InsertFailed || k.Drop != a.Drop || k.ClashResolve != a.ClashResolve {
 		t.Errorf("reconciliation: kernel insert_failed/drop/clash_resolve %d/%d/%d, attributed %d/%d/%d",
 			k.InsertFailed, k.Drop, k.ClashResolve, a.InsertFailed, a.Drop, a.ClashResolve)
@@ -198,7 +214,7 @@ func (tr *traced) checkStalls(t *testing.T, cause string) {
 		if want := strings.TrimSuffix(lab.QName(pod), "."); inc.QName != want {
 			t.Errorf("incident %d: qname %q, want %q", inc.ID, inc.QName, want)
 		}
-		if inc.QType != "A" && inc.QType != "AAAA" {
+		if s := inc.QType.String(); s != "A" && s != "AAAA" {
 			t.Errorf("incident %d: qtype %q", inc.ID, inc.QType)
 		}
 	}
@@ -214,18 +230,7 @@ func (tr *traced) checkStalls(t *testing.T, cause string) {
 
 func TestTraceSNATPort(t *testing.T) {
 	tr := traceScenario(t, "snat-port")
-	if tr.rep.Stalls == 0 {
-		t.Fatal("the lab produced no stall: nothing to attribute")
-	}
-	tr.checkStalls(t, correlate.CauseInsertRace)
-	for _, inc := range tr.byCause(correlate.CauseInsertRace) {
-		if inc.Race == nil || *inc.Race != correlate.RaceReplyClash {
-			t.Errorf("incident %d: race %v, want reply_clash", inc.ID, inc.Race)
-		}
-	}
-	if tr.node.Attributed.InsertFailed != tr.node.Kernel.InsertFailed || tr.node.Kernel.InsertFailed == 0 {
-		t.Errorf("attributed insert_failed %d, kernel %d", tr.node.Attributed.InsertFailed, tr.node.Kernel.InsertFailed)
-	}
+	tr.checkInsertRaces(t)
 }
 
 func TestTraceSameTuple(t *testing.T) {
@@ -235,20 +240,11 @@ func TestTraceSameTuple(t *testing.T) {
 	// turns, and a 10 s run saw 0 to 3 clashes; the harness then allows more
 	// runs (DNSRACE_TEST_RACE_ATTEMPTS) until the kernel counted one. Every
 	// run is checked in full.
-	for run := 1; tr.node.Kernel.ClashResolve == 0 && run < raceAttempts(t); run++ {
+	for run := 1; tr.nat.Kernel.ClashResolve == 0 && run < raceAttempts(t); run++ {
 		t.Logf("run %d: the kernel counted no clash; running the scenario again", run)
 		tr = traceScenario(t, "same-tuple")
 	}
-	got := tr.count(correlate.CauseClashResolved)
-	if uint64(got) != tr.node.Kernel.ClashResolve || got == 0 {
-		t.Errorf("%d clash_resolved incidents, kernel clash_resolve %d", got, tr.node.Kernel.ClashResolve)
-	}
-	if tr.node.Attributed.ClashResolve != tr.node.Kernel.ClashResolve {
-		t.Errorf("attributed clash_resolve %d, kernel %d", tr.node.Attributed.ClashResolve, tr.node.Kernel.ClashResolve)
-	}
-	if n := len(tr.byCause(correlate.CauseInsertRace)); n != 0 {
-		t.Errorf("%d insert_race incidents, want 0", n)
-	}
+	tr.checkRescued(t)
 }
 
 func TestTraceRuleDrop(t *testing.T) {
@@ -259,8 +255,8 @@ func TestTraceRuleDrop(t *testing.T) {
 func TestTraceTableFull(t *testing.T) {
 	tr := traceScenario(t, "table-full")
 	tr.checkStalls(t, correlate.CauseTableFull)
-	if tr.node.Attributed.Drop != tr.node.Kernel.Drop {
-		t.Errorf("attributed drop %d, kernel %d", tr.node.Attributed.Drop, tr.node.Kernel.Drop)
+	if tr.nat.Attributed.Drop != tr.nat.Kernel.Drop {
+		t.Errorf("attributed drop %d, kernel %d", tr.nat.Attributed.Drop, tr.nat.Kernel.Drop)
 	}
 }
 
@@ -313,4 +309,71 @@ func raceAttempts(t *testing.T) int {
 		t.Fatalf("DNSRACE_TEST_RACE_ATTEMPTS=%q: want a number >= 1", v)
 	}
 	return n
+}
+
+// checkInsertRaces: the scenario stalled lookups; every stall is a
+// reply-tuple race that names the flow that won it, and every packet the
+// kernel refused (insert_failed, drop) is attributed.
+func (tr *traced) checkInsertRaces(t *testing.T) {
+	t.Helper()
+	if tr.rep.Stalls == 0 {
+		t.Fatal("the lab produced no stall: nothing to attribute")
+	}
+	tr.checkStalls(t, correlate.CauseInsertRace)
+	for _, inc := range tr.byCause(correlate.CauseInsertRace) {
+		if inc.Race == nil || *inc.Race != correlate.RaceReplyClash {
+			t.Errorf("incident %d: race %v, want reply_clash", inc.ID, inc.Race)
+		}
+		if inc.Winner == nil {
+			t.Errorf("incident %d: no winner", inc.ID)
+		}
+	}
+	if tr.nat.Attributed.InsertFailed != tr.nat.Kernel.InsertFailed || tr.nat.Kernel.InsertFailed == 0 {
+		t.Errorf("attributed insert_failed %d, kernel %d", tr.nat.Attributed.InsertFailed, tr.nat.Kernel.InsertFailed)
+	}
+	if tr.nat.Attributed.Drop != tr.nat.Kernel.Drop {
+		t.Errorf("attributed drop %d, kernel %d", tr.nat.Attributed.Drop, tr.nat.Kernel.Drop)
+	}
+}
+
+// checkRescued: every clash the kernel resolved in the NAT namespaces is
+// one clash_resolved incident; no answer was lost (the lab checks it), so
+// any other incident is one the tracer made up.
+func (tr *traced) checkRescued(t *testing.T) {
+	t.Helper()
+	got := tr.count(correlate.CauseClashResolved)
+	if uint64(got) != tr.nat.Kernel.ClashResolve || got == 0 {
+		t.Errorf("%d clash_resolved incidents, kernel clash_resolve %d", got, tr.nat.Kernel.ClashResolve)
+	}
+	if tr.nat.Attributed.ClashResolve != tr.nat.Kernel.ClashResolve {
+		t.Errorf("attributed clash_resolve %d, kernel %d", tr.nat.Attributed.ClashResolve, tr.nat.Kernel.ClashResolve)
+	}
+	for _, c := range correlate.Causes {
+		if n := tr.count(c); c != correlate.CauseClashResolved && n > 0 && tr.rep.AnswersLost == 0 {
+			t.Errorf("%d incidents of cause %s, but no answer was lost\n%s", n, c, tr.text)
+		}
+	}
+}
+
+// TestTraceTargetPort: the backends listen on 5353 behind the VIP's port
+// 53, so a query's destination port changes at the node's DNAT. Every stall
+// is still a reply-tuple race with its winner, and every drop is
+// attributed.
+func TestTraceTargetPort(t *testing.T) {
+	traceScenario(t, "target-port").checkInsertRaces(t)
+}
+
+// TestTraceLocalOut: the same-tuple race in the sender's own namespace
+// (DNAT on OUTPUT, as for a host-network pod). Every clash the kernel
+// resolved there is one clash_resolved incident.
+func TestTraceLocalOut(t *testing.T) {
+	traceScenario(t, "local-out").checkRescued(t)
+}
+
+// TestTraceLocalOutSNAT: SNAT to a narrow range in the senders' own
+// namespaces; a drop there fails the send with EPERM, which the musl
+// resolver ignores and waits out. Every stall and every insert_failed is
+// attributed, in the pod where it happened.
+func TestTraceLocalOutSNAT(t *testing.T) {
+	traceScenario(t, "local-out-snat").checkInsertRaces(t)
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -263,9 +264,9 @@ func incidentsOf(incs []*correlate.Incident, cause string) []*correlate.Incident
 }
 
 // dotted turns "10.0.0.1:53" into tcpdump's "10.0.0.1.53".
-func dotted(addrPort string) string {
-	i := strings.LastIndexByte(addrPort, ':')
-	return strings.Trim(addrPort[:i], "[]") + "." + addrPort[i+1:]
+// dotted is an address and port as tcpdump prints them ("10.0.0.1.53").
+func dotted(ap netip.AddrPort) string {
+	return fmt.Sprintf("%s.%d", ap.Addr(), ap.Port())
 }
 
 func firstLine(b []byte) string {

@@ -10,20 +10,27 @@ import (
 )
 
 // nsCounters finds namespaces by inode and keeps their conntrack counter
-// baselines. It implements correlate.CounterSource.
+// baselines. It implements correlate.CounterSource and is safe for
+// concurrent use: the reader, /metrics and SIGUSR1 all read it. Each
+// namespace has a lock of its own, so a scrape reading one namespace's
+// counters never holds up the reader on another.
 type nsCounters struct {
-	mu       sync.Mutex
+	mu       sync.Mutex // guards paths and readers (not the reads)
 	procRoot string
 	paths    map[uint32]string
-	base     map[uint32]ctstats.Counters
-	readers  map[uint32]*ctstats.Reader
-	late     map[uint32]bool
-	lastScan int64
+	readers  map[uint32]*nsReader
+}
+
+// nsReader is one namespace's counter reader and its baseline.
+type nsReader struct {
+	mu   sync.Mutex // one netlink read at a time
+	r    *ctstats.Reader
+	base ctstats.Counters
+	late bool // the baseline was taken after tracing began
 }
 
 func newNSCounters(procRoot string) *nsCounters {
-	n := &nsCounters{procRoot: procRoot, paths: map[uint32]string{}, base: map[uint32]ctstats.Counters{},
-		readers: map[uint32]*ctstats.Reader{}, late: map[uint32]bool{}}
+	n := &nsCounters{procRoot: procRoot, paths: map[uint32]string{}, readers: map[uint32]*nsReader{}}
 	n.scan()
 	for ns := range n.paths {
 		n.baseline(ns, false)
@@ -51,6 +58,7 @@ func (n *nsCounters) scan() {
 	}
 }
 
+// baseline opens ns's reader and takes its baseline; under n.mu.
 func (n *nsCounters) baseline(ns uint32, late bool) bool {
 	if _, ok := n.readers[ns]; ok {
 		return true
@@ -68,10 +76,7 @@ func (n *nsCounters) baseline(ns uint32, late bool) bool {
 		r.Close()
 		return false
 	}
-	n.readers[ns], n.base[ns] = r, s.Total
-	if late {
-		n.late[ns] = true
-	}
+	n.readers[ns] = &nsReader{r: r, base: s.Total, late: late}
 	return true
 }
 
@@ -88,19 +93,33 @@ func (n *nsCounters) Seen(ns uint32) {
 	n.baseline(ns, true)
 }
 
-// Delta returns the counters of ns since its baseline.
-func (n *nsCounters) Delta(ns uint32) (ctstats.Counters, bool) {
+func (n *nsCounters) reader(ns uint32) *nsReader {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	r, ok := n.readers[ns]
-	if !ok {
+	return n.readers[ns]
+}
+
+// Delta returns the counters of ns since its baseline.
+func (n *nsCounters) Delta(ns uint32) (ctstats.Counters, bool) {
+	nr := n.reader(ns)
+	if nr == nil {
 		return ctstats.Counters{}, false
 	}
-	s, err := r.Read()
+	nr.mu.Lock()
+	defer nr.mu.Unlock()
+	if nr.r == nil {
+		return ctstats.Counters{}, false
+	}
+	s, err := nr.r.Read()
 	if err != nil {
 		return ctstats.Counters{}, false
 	}
-	return s.Total.Sub(n.base[ns]), true
+	return s.Total.Sub(nr.base), true
+}
+
+func (n *nsCounters) isLate(ns uint32) bool {
+	nr := n.reader(ns)
+	return nr != nil && nr.late
 }
 
 func (n *nsCounters) path(ns uint32) string {
@@ -111,9 +130,13 @@ func (n *nsCounters) path(ns uint32) string {
 
 func (n *nsCounters) close() {
 	n.mu.Lock()
-	defer n.mu.Unlock()
-	for _, r := range n.readers {
-		r.Close()
+	rs := n.readers
+	n.readers = map[uint32]*nsReader{}
+	n.mu.Unlock()
+	for _, nr := range rs {
+		nr.mu.Lock()
+		nr.r.Close()
+		nr.r = nil
+		nr.mu.Unlock()
 	}
-	n.readers = map[uint32]*ctstats.Reader{}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -40,33 +41,55 @@ type Options struct {
 	// Pods, when set, names the pod and container of every incident
 	// before it is written.
 	Pods *podinfo.Resolver
+	// ShowResolved lists every race the kernel rescued in the text
+	// output, instead of summing them up per pod every 10 s.
+	ShowResolved bool
 }
 
 // Session is one running trace.
+//
+// Concurrency: one goroutine, the reader, owns the correlator and every
+// count it feeds: it handles events, ticks the correlator and writes
+// incidents. Nothing else ever waits for it or holds a lock it needs. After
+// every tick it publishes a snapshot (atomic pointer) of what the progress
+// line, /metrics and SIGUSR1 read; events are counted in an atomic. Stop
+// waits for the reader to finish draining and then owns everything.
 type Session struct {
 	opts    Options
 	tracer  *probe.Tracer
-	corr    *correlate.Correlator
 	ns      *nsCounters
 	syms    *ksym.Table
-	mu      sync.Mutex // guards corr and the counts below
 	started time.Time
-	ctNS    map[uint32]bool
-	counts  map[string]int
-	events  uint64
-	// nextTick and lastEvent (CLOCK_MONOTONIC ns) pace the correlator's
-	// Tick from the reader.
-	nextTick, lastEvent uint64
-	out                 *json.Encoder
-	done                chan struct{}
-	cancel              context.CancelFunc
-	readErr             error
-	stopped             bool
-	monoOff             time.Duration
-	// closed and lostAtStop (under mu): the tracer is closed, and the
-	// events it had lost by then.
-	closed     bool
-	lostAtStop uint64
+	monoOff time.Duration
+
+	// Reader-owned (Stop's once the reader is done).
+	corr     *correlate.Correlator
+	counts   map[string]int
+	ctNS     map[uint32]bool
+	nextTick uint64 // CLOCK_MONOTONIC ns of the next Tick between events
+	out      *json.Encoder
+	text     *TextWriter
+	readErr  error
+
+	events atomic.Uint64
+	snap   atomic.Pointer[snapshot]
+	done   chan struct{}
+	cancel context.CancelFunc
+
+	stopOnce sync.Once
+	summary  *Summary
+	// closed: the tracer is closed; lostAtStop is the kernel's lost count
+	// read just before (its counter went with the programs).
+	closed     atomic.Bool
+	lostAtStop atomic.Uint64
+}
+
+// snapshot is the reader's state as of its last tick, for everyone else.
+type snapshot struct {
+	stats      correlate.Stats
+	counts     map[string]int
+	attributed map[uint32]correlate.Attributed
+	ctNS       []uint32
 }
 
 // Start loads the probes and starts reading.
@@ -76,6 +99,9 @@ func Start(opts Options) (*Session, error) {
 	}
 	if opts.ProcRoot == "" {
 		opts.ProcRoot = "/proc"
+	}
+	if opts.Probe.ProcRoot == "" {
+		opts.Probe.ProcRoot = opts.ProcRoot
 	}
 	t, err := probe.Open(opts.Probe)
 	if err != nil {
@@ -92,16 +118,18 @@ func Start(opts Options) (*Session, error) {
 	cfg.ReasonName = probe.DropReasonName
 	cfg.Location = s.syms.Format
 	cfg.Counters = s.ns
-	cfg.Wall = func(mono uint64) time.Time { return time.Unix(0, int64(mono)+int64(s.monoOff)) }
+	cfg.Wall = s.wall
 	cfg.OnIncident = s.incident
 	s.corr = correlate.New(cfg)
 	if opts.JSON {
 		s.out = json.NewEncoder(opts.Out)
+	} else {
+		s.text = NewTextWriter(opts.Out, opts.ShowResolved)
 	}
+	s.publish()
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	go s.read(ctx)
-	go s.tick(ctx)
 	if opts.ReadyFile != "" {
 		if err := os.WriteFile(opts.ReadyFile, []byte("ready\n"), 0o644); err != nil {
 			s.Stop()
@@ -111,52 +139,63 @@ func Start(opts Options) (*Session, error) {
 	return s, nil
 }
 
+// tickEvery is how often the correlator classifies due drops and expires
+// old state, and how often the snapshot is published.
+const tickEvery = probe.IdleEvery
+
 func (s *Session) read(ctx context.Context) {
 	defer close(s.done)
-	s.readErr = s.tracer.Read(ctx, func(e *event.Event) {
-		s.mu.Lock()
-		// ctNS is read by Conntrack while the session runs: it changes
-		// under s.mu (a first sight is rare, so the baseline's cost
-		// under the lock is too).
-		if e.CT.Ptr != 0 && !s.ctNS[e.NetNS] {
+	s.readErr = s.tracer.Read(ctx, s.handle, func() { s.tick(monoNow()) })
+}
+
+// handle runs on the reader for every event.
+func (s *Session) handle(e *event.Event) {
+	s.events.Add(1)
+	if e.Kind == event.KindCTNetNS {
+		// DNS is connection-tracked here: reconcile its counters.
+		if !s.ctNS[e.NetNS] {
 			s.ctNS[e.NetNS] = true
 			s.ns.Seen(e.NetNS)
 		}
-		s.events++
-		s.corr.Handle(e)
-		// Tick here, between events, while the lock is held anyway: a
-		// ticker goroutine taking the lock for a Tick that walks every
-		// query in flight stalls the reader while the ring fills.
-		if e.TimeNs >= s.nextTick {
-			s.corr.Tick(monoNow())
-			s.nextTick = e.TimeNs + uint64(tickEvery)
-		}
-		s.lastEvent = e.TimeNs
-		s.mu.Unlock()
-	})
+		return
+	}
+	s.corr.Handle(e)
+	// Tick between events too: under load the ring is never empty.
+	if e.TimeNs >= s.nextTick {
+		s.tick(monoNow())
+	}
 }
 
-// tickEvery is how often the correlator classifies due drops and expires
-// old state.
-const tickEvery = 100 * time.Millisecond
-
-func (s *Session) tick(ctx context.Context) {
-	t := time.NewTicker(tickEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			// Only when events are quiet: the reader ticks otherwise.
-			now := monoNow()
-			s.mu.Lock()
-			if now >= s.lastEvent+uint64(tickEvery) {
-				s.corr.Tick(now)
-			}
-			s.mu.Unlock()
+// tick runs on the reader (or in Stop, once the reader is done).
+func (s *Session) tick(now uint64) {
+	s.corr.Tick(now)
+	s.nextTick = now + uint64(tickEvery)
+	if s.text != nil {
+		var oldest time.Time
+		if o := s.corr.OldestOpen(); o != 0 {
+			oldest = s.wall(o)
 		}
+		s.text.Release(oldest, s.wall(now))
 	}
+	s.publish()
+}
+
+// wall converts a CLOCK_MONOTONIC time to wall time.
+func (s *Session) wall(mono uint64) time.Time {
+	return time.Unix(0, int64(mono)+int64(s.monoOff))
+}
+
+// publish copies what others read into a new snapshot.
+func (s *Session) publish() {
+	sn := &snapshot{stats: s.corr.Stats(), counts: make(map[string]int, len(s.counts)),
+		attributed: s.corr.Attributed(), ctNS: make([]uint32, 0, len(s.ctNS))}
+	for c, n := range s.counts {
+		sn.counts[c] = n
+	}
+	for ns := range s.ctNS {
+		sn.ctNS = append(sn.ctNS, ns)
+	}
+	s.snap.Store(sn)
 }
 
 func monoNow() uint64 {
@@ -165,7 +204,7 @@ func monoNow() uint64 {
 	return uint64(ts.Nano())
 }
 
-// incident runs under s.mu (the correlator calls it).
+// incident runs on the reader (the correlator calls it).
 func (s *Session) incident(inc *correlate.Incident) {
 	s.counts[inc.Cause]++
 	if s.opts.Pods != nil {
@@ -174,7 +213,7 @@ func (s *Session) incident(inc *correlate.Incident) {
 	if s.out != nil {
 		_ = s.out.Encode(inc)
 	} else {
-		WriteIncidentText(s.opts.Out, inc)
+		s.text.Incident(inc)
 	}
 	if s.opts.OnIncident != nil {
 		s.opts.OnIncident(inc)
@@ -183,27 +222,35 @@ func (s *Session) incident(inc *correlate.Incident) {
 
 // Live is what a running session has seen so far.
 type Live struct {
-	Events     uint64
-	EventsLost uint64
-	Queries    uint64
-	Incidents  int
+	Events     uint64 // records read
+	EventsLost uint64 // records lost to a full ring buffer
+	Queries    uint64 // DNS queries seen
+	Answered   uint64
+	InFlight   int // waiting for an answer
+	Stalls     int // incidents but rescued races
+	Rescued    int // races the kernel rescued
 }
 
-// Live reads the session's running counts (safe while it runs).
+// Live reads the session's running counts; it never waits for the reader
+// (queries and incidents are as of its last tick).
 func (s *Session) Live() Live {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l := Live{Events: s.events, Queries: s.corr.Stats().Queries}
-	for _, n := range s.counts {
-		l.Incidents += n
-	}
-	if s.closed {
-		// The kernel's counter went with the programs: the last reading.
-		l.EventsLost = s.lostAtStop
-	} else {
-		l.EventsLost = s.tracer.Lost()
+	sn := s.snap.Load()
+	l := Live{Events: s.events.Load(), Queries: sn.stats.Queries, Answered: sn.stats.Answered,
+		InFlight: sn.stats.InFlight, EventsLost: s.lost(), Rescued: sn.counts[correlate.CauseClashResolved]}
+	for c, n := range sn.counts {
+		if c != correlate.CauseClashResolved {
+			l.Stalls += n
+		}
 	}
 	return l
+}
+
+// lost is the kernel's count of records it could not deliver.
+func (s *Session) lost() uint64 {
+	if s.closed.Load() {
+		return s.lostAtStop.Load()
+	}
+	return s.tracer.Lost()
 }
 
 // Conntrack reads, now, the kernel's conntrack counters of every namespace
@@ -211,13 +258,7 @@ func (s *Session) Live() Live {
 // baseline (empty after Stop).
 func (s *Session) Conntrack() map[uint32]ctstats.Counters {
 	out := map[uint32]ctstats.Counters{}
-	s.mu.Lock()
-	ids := make([]uint32, 0, len(s.ctNS))
-	for ns := range s.ctNS {
-		ids = append(ids, ns)
-	}
-	s.mu.Unlock()
-	for _, ns := range ids {
+	for _, ns := range s.snap.Load().ctNS {
 		if d, ok := s.ns.Delta(ns); ok {
 			out[ns] = d
 		}
@@ -237,11 +278,29 @@ type Summary struct {
 	Attributed correlate.Attributed `json:"attributed"`
 	Mismatch   []string             `json:"mismatch"`
 	Events     uint64               `json:"events"`
+	EventBytes uint64               `json:"event_bytes"`
 	EventsLost uint64               `json:"events_lost"`
 	Malformed  uint64               `json:"events_malformed"`
-	Queries    correlate.Stats      `json:"queries"`
-	Namespaces []NamespaceSummary   `json:"namespaces"`
-	Probes     []ProbeSummary       `json:"probes"`
+	// KernelFlows are the kernel side's flow counts (at the end only).
+	KernelFlows *KernelFlows       `json:"kernel_flows,omitempty"`
+	Queries     correlate.Stats    `json:"queries"`
+	Namespaces  []NamespaceSummary `json:"namespaces"`
+	Probes      []ProbeSummary     `json:"probes"`
+	// PcapErrors counts incidents --pcap could not write (set by the
+	// caller that owns the pcap file).
+	PcapErrors uint64 `json:"pcap_write_errors"`
+}
+
+// KernelFlows are the kernel side's counts of the flows it followed: every
+// query first seen starts one, its answer ends it. The rest are still in
+// the LRU map (Live), or ended unanswered: replaced by a resend of the same
+// query (same socket and DNS id), or evicted from the map by newer flows.
+// Only unanswered queries ever leave that way.
+type KernelFlows struct {
+	Started    uint64 `json:"started"`
+	Answered   uint64 `json:"answered"`
+	Live       uint64 `json:"live"`
+	Unanswered uint64 `json:"ended_unanswered"`
 }
 
 // NamespaceSummary is the reconciliation of one namespace.
@@ -276,61 +335,69 @@ func ProbeSummaries(ps []probe.ProbeInfo) []ProbeSummary {
 }
 
 // Stop ends the session: it drains the ring buffer, classifies what is
-// pending, detaches everything, and returns the reconciliation.
+// pending, detaches everything, and returns the reconciliation. Later calls
+// return the same summary.
 func (s *Session) Stop() *Summary {
-	if s.stopped {
-		return nil
-	}
-	s.stopped = true
-	// Let events already in the kernel's ring reach the reader.
-	time.Sleep(50 * time.Millisecond)
-	s.cancel()
-	<-s.done
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.corr.Close(monoNow())
-	sum := s.reconcile("summary")
-	s.ns.close()
-	s.lostAtStop, s.closed = sum.EventsLost, true
-	_ = s.tracer.Close()
-	if s.readErr != nil && !errors.Is(s.readErr, context.Canceled) {
-		sum.Mismatch = append(sum.Mismatch, "reading events: "+s.readErr.Error())
-	}
-	return sum
+	s.stopOnce.Do(func() {
+		// Let events already in the kernel's ring reach the reader.
+		time.Sleep(50 * time.Millisecond)
+		s.cancel()
+		<-s.done
+		// The reader is gone: its state is Stop's now.
+		now := monoNow()
+		s.corr.Close(now)
+		if s.text != nil {
+			s.text.Close(s.wall(now))
+		}
+		s.publish()
+		sum := s.reconcile("summary", s.snap.Load(), s.tracer.Lost())
+		st := s.tracer.Stats()
+		kf := &KernelFlows{Started: st.FlowsNew, Answered: st.FlowsAnswered, Live: s.tracer.FlowsLive()}
+		if n := kf.Started - kf.Answered; n > kf.Live {
+			kf.Unanswered = n - kf.Live
+		}
+		sum.KernelFlows = kf
+		s.lostAtStop.Store(sum.EventsLost)
+		s.closed.Store(true)
+		s.ns.close()
+		_ = s.tracer.Close()
+		if s.readErr != nil && !errors.Is(s.readErr, context.Canceled) {
+			sum.Mismatch = append(sum.Mismatch, "reading events: "+s.readErr.Error())
+		}
+		s.summary = sum
+	})
+	return s.summary
 }
 
 // Checkpoint returns the reconciliation so far without stopping (type
-// "checkpoint"). Drops younger than the correlator's classify delay (a
-// quarter second) are not attributed yet and may show as a passing
-// mismatch.
+// "checkpoint"), from the reader's last snapshot (at most tickEvery old)
+// and the kernel's counters now; nil once stopped. Drops younger than the
+// correlator's classify delay (a quarter second) are not attributed yet
+// and may show as a passing mismatch.
 func (s *Session) Checkpoint() *Summary {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	if s.closed.Load() {
 		return nil
 	}
-	s.corr.Tick(monoNow())
-	return s.reconcile("checkpoint")
+	return s.reconcile("checkpoint", s.snap.Load(), s.lost())
 }
 
-// reconcile builds the summary from what was attributed and the kernel's
-// counter deltas of every namespace where DNS flows were tracked. Called
-// under s.mu.
-func (s *Session) reconcile(typ string) *Summary {
+// reconcile builds the summary from a snapshot of what was attributed and
+// the kernel's counter deltas of every namespace where DNS flows were
+// tracked.
+func (s *Session) reconcile(typ string, sn *snapshot, lost uint64) *Summary {
 	sum := &Summary{
 		Type: typ, DurationS: time.Since(s.started).Seconds(), Incidents: map[string]int{},
-		Events: s.events, EventsLost: s.tracer.Lost(), Malformed: s.tracer.Malformed(),
-		Queries: s.corr.Stats(), Probes: ProbeSummaries(s.tracer.Probes()), Mismatch: []string{},
+		Events: s.events.Load(), EventBytes: s.tracer.Bytes(), EventsLost: lost, Malformed: s.tracer.Malformed(),
+		Queries: sn.stats, Probes: ProbeSummaries(s.tracer.Probes()), Mismatch: []string{},
 	}
 	for _, c := range correlate.Causes {
-		sum.Incidents[c] = s.counts[c]
+		sum.Incidents[c] = sn.counts[c]
 	}
-	attrib := s.corr.Attributed()
 	nss := map[uint32]bool{}
-	for ns := range s.ctNS {
+	for _, ns := range sn.ctNS {
 		nss[ns] = true
 	}
-	for ns := range attrib {
+	for ns := range sn.attributed {
 		nss[ns] = true
 	}
 	ids := make([]uint32, 0, len(nss))
@@ -340,12 +407,11 @@ func (s *Session) reconcile(typ string) *Summary {
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	for _, ns := range ids {
 		k, _ := s.ns.Delta(ns)
-		a := attrib[ns]
-		sum.Namespaces = append(sum.Namespaces, NamespaceSummary{NetNS: ns, Path: s.ns.path(ns), Kernel: k, Attributed: a, Late: s.ns.late[ns]})
+		a := sn.attributed[ns]
+		sum.Namespaces = append(sum.Namespaces, NamespaceSummary{NetNS: ns, Path: s.ns.path(ns), Kernel: k, Attributed: a, Late: s.ns.isLate(ns)})
 		sum.Kernel.Add(k)
 		sum.Attributed.InsertFailed += a.InsertFailed
 		sum.Attributed.Drop += a.Drop
-		sum.Attributed.EarlyDrop += a.EarlyDrop
 		sum.Attributed.ClashResolve += a.ClashResolve
 	}
 	check := func(name string, kernel, attributed uint64) {

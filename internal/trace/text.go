@@ -4,114 +4,276 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
+	"time"
 
 	"github.com/dnsrace/dnsrace/internal/correlate"
 )
 
-// WriteIncidentText writes one incident as one line.
-func WriteIncidentText(w io.Writer, inc *correlate.Incident) {
+// rescuedEvery is how often races the kernel rescued are summed up, per
+// pod or namespace.
+const rescuedEvery = 10 * time.Second
+
+// TextWriter writes incidents for a person at a terminal: a stall is a
+// headline (time, cause, who, question, stall) and indented detail lines;
+// stalls come out in the order they started; races the kernel rescued are
+// summed up per pod or namespace at most every 10 s (ShowResolved lists
+// each). Not safe for concurrent use: the session's reader drives it.
+type TextWriter struct {
+	w            io.Writer
+	showResolved bool
+	// held: stalls that ended while an earlier one is still open
+	held []*correlate.Incident
+	// rescued races not yet written, by pod or namespace
+	rescued   map[string]*rescuedCount
+	lastFlush time.Time
+}
+
+type rescuedCount struct {
+	n       int
+	byRace  map[string]int
+	first   time.Time
+	ordinal int // order of first sight, for stable output
+}
+
+// NewTextWriter returns a TextWriter on w.
+func NewTextWriter(w io.Writer, showResolved bool) *TextWriter {
+	return &TextWriter{w: w, showResolved: showResolved, rescued: map[string]*rescuedCount{}}
+}
+
+// Incident takes one incident; it is written now or by a later Release.
+func (t *TextWriter) Incident(inc *correlate.Incident) {
+	if inc.Cause == correlate.CauseClashResolved && !t.showResolved {
+		k := who(inc)
+		c := t.rescued[k]
+		if c == nil {
+			c = &rescuedCount{byRace: map[string]int{}, first: inc.Time, ordinal: len(t.rescued)}
+			t.rescued[k] = c
+		}
+		c.n++
+		race := correlate.RaceSameTuple
+		if inc.Race != nil {
+			race = *inc.Race
+		}
+		c.byRace[race]++
+		return
+	}
+	t.held = append(t.held, inc)
+}
+
+// Release writes the held stalls that started before oldestOpen (the start
+// of the oldest stall still in progress; zero: none), in the order they
+// started, and every 10 s (by now) the rescued races summed up.
+func (t *TextWriter) Release(oldestOpen, now time.Time) {
+	sort.SliceStable(t.held, func(i, j int) bool { return t.held[i].Time.Before(t.held[j].Time) })
+	n := 0
+	for _, inc := range t.held {
+		if oldestOpen.IsZero() || inc.Time.Before(oldestOpen) {
+			io.WriteString(t.w, FormatIncident(inc))
+			continue
+		}
+		t.held[n] = inc
+		n++
+	}
+	clear(t.held[n:])
+	t.held = t.held[:n]
+	if t.lastFlush.IsZero() {
+		t.lastFlush = now
+	}
+	if now.Sub(t.lastFlush) >= rescuedEvery {
+		t.flushRescued(now)
+	}
+}
+
+// Close writes everything held.
+func (t *TextWriter) Close(now time.Time) {
+	t.Release(time.Time{}, now)
+	t.flushRescued(now)
+}
+
+func (t *TextWriter) flushRescued(now time.Time) {
+	t.lastFlush = now
+	keys := make([]string, 0, len(t.rescued))
+	for k := range t.rescued {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return t.rescued[keys[i]].ordinal < t.rescued[keys[j]].ordinal })
+	var b strings.Builder
+	for _, k := range keys {
+		c := t.rescued[k]
+		what := "races"
+		if c.n == 1 {
+			what = "race"
+		}
+		if c.byRace[correlate.RaceSameTuple] == c.n {
+			what = "A/AAAA " + what
+		}
+		fmt.Fprintf(&b, "%s  rescued  %d %s rescued by the kernel, no query lost, in %s since %s",
+			now.Format("15:04:05.000"), c.n, what, k, c.first.Format("15:04:05"))
+		if len(c.byRace) > 1 {
+			fmt.Fprintf(&b, " (same_tuple %d, reply_clash %d)", c.byRace[correlate.RaceSameTuple], c.byRace[correlate.RaceReplyClash])
+		}
+		b.WriteByte('\n')
+	}
+	clear(t.rescued)
+	io.WriteString(t.w, b.String())
+}
+
+// who names the asker: its pod, "host" for a host process, or its network
+// namespace.
+func who(inc *correlate.Incident) string {
+	switch {
+	case inc.Pod == "":
+		return fmt.Sprintf("netns %d", inc.NetNS)
+	case inc.Namespace == "":
+		return inc.Pod
+	}
+	return "pod " + inc.Namespace + "/" + inc.Pod
+}
+
+// FormatIncident is one incident as text: a headline, then indented
+// details.
+func FormatIncident(inc *correlate.Incident) string {
 	var b strings.Builder
 	cause := inc.Cause
 	if inc.Race != nil {
 		cause += "/" + *inc.Race
 	}
-	fmt.Fprintf(&b, "%s %-26s %s %s netns %d", inc.Time.Format("15:04:05.000"), cause, inc.QName, inc.QType, inc.NetNS)
-	switch {
-	case inc.Pod == "":
-	case inc.Namespace == "":
-		fmt.Fprintf(&b, " %s", inc.Pod)
-	default:
-		fmt.Fprintf(&b, " pod %s/%s", inc.Namespace, inc.Pod)
-		if inc.Container != "" {
-			fmt.Fprintf(&b, " (%s)", inc.Container)
-		}
-	}
-	if inc.Comm != "" {
-		fmt.Fprintf(&b, " %s[%d]", inc.Comm, inc.PID)
-	}
-	fmt.Fprintf(&b, " %s->%s", inc.Src, inc.Dst)
+	stall := "no retry seen"
 	switch {
 	case inc.Cause == correlate.CauseClashResolved:
-		b.WriteString(": rescued by the kernel, no loss")
+		stall = "no stall"
 	case inc.StallMs != nil:
-		fmt.Fprintf(&b, ": stalled %.0f ms", *inc.StallMs)
-	default:
-		b.WriteString(": no retry seen")
+		stall = fmt.Sprintf("stalled %.1f s", *inc.StallMs/1e3)
+	}
+	fmt.Fprintf(&b, "%s  %-23s  %-14s  %s  %s %s\n", inc.Time.Format("15:04:05.000"), cause, stall, who(inc), inc.QName, inc.QType)
+	detail := func(label, format string, args ...any) {
+		fmt.Fprintf(&b, "    %-8s %s\n", label, fmt.Sprintf(format, args...))
+	}
+	if inc.Cause == correlate.CauseClashResolved {
+		detail("rescued", "lost the conntrack race but the kernel let it through (merged, or inserted reply-only)")
 	}
 	for _, p := range inc.Lost {
-		fmt.Fprintf(&b, "; lost %s id %d", p.QType, p.ID)
-		if p.Reason != "" {
-			fmt.Fprintf(&b, " (%s", p.Reason)
-			if p.Location != "" {
-				fmt.Fprintf(&b, " at %s", p.Location)
-			}
-			fmt.Fprintf(&b, " in netns %d)", p.NetNS)
+		how := "no answer came back; nothing on this node dropped it"
+		switch {
+		case p.Reason != "" && (p.Cause == correlate.CauseReplyUnmatched || p.Cause == correlate.CauseRcvbufFull):
+			how = "its answer was dropped: " + dropWhere(p)
+		case p.Reason != "":
+			how = "dropped: " + dropWhere(p)
 		}
+		c := p.Cause
+		if p.Race != "" {
+			c += "/" + p.Race
+		}
+		detail("lost", "%s id %d (%s): %s, CPU %d", p.QType, p.ID, c, how, p.CPU)
 	}
 	if s := inc.Sibling; s != nil {
-		state := "pending"
+		state := "still waiting"
 		switch {
 		case s.Answered:
 			state = "answered"
 		case s.Lost:
 			state = "lost too"
 		}
-		fmt.Fprintf(&b, "; sibling %s %s (gap %.0f µs, CPUs %d/%d)", s.QType, state, s.GapUs, s.CPUs[0], s.CPUs[1])
+		detail("sibling", "%s id %d %s, sent %.0f µs apart on the same socket (CPUs %d/%d)", s.QType, s.ID, state, s.GapUs, s.CPUs[0], s.CPUs[1])
 	}
 	if w := inc.Winner; w != nil {
-		fmt.Fprintf(&b, "; winner %s->%s", w.Src, w.Dst)
+		s := fmt.Sprintf("%s -> %s", w.Src, w.Dst)
 		if w.QName != "" {
-			fmt.Fprintf(&b, " (%s %s, netns %d)", w.QName, w.QType, w.NetNS)
+			s += fmt.Sprintf(" (%s %s, netns %d)", w.QName, w.QType, w.NetNS)
 		}
-		if w.ReplyDst != "" {
-			fmt.Fprintf(&b, " holds reply %s->%s", w.ReplySrc, w.ReplyDst)
+		if w.ReplyDst.IsValid() {
+			s += fmt.Sprintf(", holds reply %s -> %s", w.ReplySrc, w.ReplyDst)
 		}
+		detail("winner", "%s", s)
 	}
-	b.WriteByte('\n')
-	io.WriteString(w, b.String())
+	q := fmt.Sprintf("%s -> %s in netns %d", inc.Src, inc.Dst, inc.NetNS)
+	if inc.Comm != "" {
+		q = fmt.Sprintf("%s[%d] ", inc.Comm, inc.PID) + q
+	}
+	if inc.Container != "" {
+		q += ", container " + inc.Container
+	}
+	if inc.NodeNetNS != 0 && inc.NodeNetNS != inc.NetNS {
+		q += fmt.Sprintf(", conntrack in netns %d", inc.NodeNetNS)
+	}
+	detail("query", "%s (%s tier)", q, inc.Tier)
+	if r := inc.Retry; r != nil && inc.StallMs != nil {
+		detail("retry", "%s id %d from %s, %.0f ms after the lost query", r.QType, r.ID, r.Src, *inc.StallMs)
+	}
+	return b.String()
 }
 
-// WriteSummary writes the reconciliation as text or one JSON line.
+func dropWhere(p correlate.Packet) string {
+	s := p.Reason
+	if p.Location != "" {
+		s += " at " + p.Location
+	}
+	return s + fmt.Sprintf(" in netns %d", p.NetNS)
+}
+
+// WriteSummary writes the reconciliation as text or one JSON line, in one
+// Write (incidents may be written to w from another goroutine meanwhile).
 func WriteSummary(w io.Writer, s *Summary, asJSON bool) {
 	if asJSON {
 		_ = json.NewEncoder(w).Encode(s)
 		return
 	}
-	total := 0
+	io.WriteString(w, FormatSummary(s))
+}
+
+// FormatSummary is the reconciliation as text: every number says what it
+// counts.
+func FormatSummary(s *Summary) string {
+	var b strings.Builder
+	stalls, rescued := 0, s.Incidents[correlate.CauseClashResolved]
 	var parts []string
 	for _, c := range correlate.Causes {
-		if n := s.Incidents[c]; n > 0 {
-			total += n
+		if n := s.Incidents[c]; n > 0 && c != correlate.CauseClashResolved {
+			stalls += n
 			parts = append(parts, fmt.Sprintf("%s %d", c, n))
 		}
 	}
-	fmt.Fprintf(w, "\n%s after %.1fs: %d incidents", s.Type, s.DurationS, total)
+	fmt.Fprintf(&b, "\n%s after %.1f s\n", s.Type, s.DurationS)
+	fmt.Fprintf(&b, "  lookups that waited out a resolver timeout: %d", stalls)
 	if len(parts) > 0 {
-		fmt.Fprintf(w, " (%s)", strings.Join(parts, ", "))
+		fmt.Fprintf(&b, " (%s)", strings.Join(parts, ", "))
 	}
-	fmt.Fprintf(w, "\n  %-14s %8s %11s\n", "conntrack", "kernel", "attributed")
-	row := func(name string, k, a uint64) {
+	fmt.Fprintf(&b, "\n  conntrack races the kernel rescued, no query lost: %d\n", rescued)
+	q := s.Queries
+	fmt.Fprintf(&b, "  DNS queries seen: %d; answered %d, lost %d, waiting for an answer now %d, forgotten unfinished (over the %s cap) %d\n",
+		q.Queries, q.Answered, q.Lost, q.InFlight, "in-flight", q.Evicted)
+	fmt.Fprintf(&b, "  conntrack counters where DNS was tracked:   kernel  explained by dnsrace\n")
+	row := func(name, what string, k, a uint64) {
 		mark := "ok"
 		if k != a {
 			mark = "MISMATCH"
 		}
-		fmt.Fprintf(w, "  %-14s %8d %11d  %s\n", name, k, a, mark)
+		fmt.Fprintf(&b, "    %-13s %-28s %8d  %8d  %s\n", name, what, k, a, mark)
 	}
-	row("insert_failed", s.Kernel.InsertFailed, s.Attributed.InsertFailed)
-	row("drop", s.Kernel.Drop, s.Attributed.Drop)
-	row("clash_resolve", s.Kernel.ClashResolve, s.Attributed.ClashResolve)
-	fmt.Fprintf(w, "  %-14s %8d %11s\n", "early_drop", s.Kernel.EarlyDrop, "-")
-	fmt.Fprintf(w, "  events %d, lost %d, malformed %d; queries %d (%d answered, %d in flight, %d evicted)\n",
-		s.Events, s.EventsLost, s.Malformed, s.Queries.Queries, s.Queries.Answered, s.Queries.InFlight, s.Queries.Evicted)
+	row("insert_failed", "packets refused at insertion", s.Kernel.InsertFailed, s.Attributed.InsertFailed)
+	row("drop", "packets conntrack dropped", s.Kernel.Drop, s.Attributed.Drop)
+	row("clash_resolve", "races the kernel resolved", s.Kernel.ClashResolve, s.Attributed.ClashResolve)
+	fmt.Fprintf(&b, "    %-13s %-28s %8d  %8s\n", "early_drop", "entries evicted for room", s.Kernel.EarlyDrop, "-")
+	fmt.Fprintf(&b, "  records from the kernel: %d read (%d bytes), %d lost to a full ring buffer, %d malformed\n",
+		s.Events, s.EventBytes, s.EventsLost, s.Malformed)
+	if f := s.KernelFlows; f != nil {
+		fmt.Fprintf(&b, "  kernel flow table: %d queries started, %d ended by their answer, %d ended unanswered (resent or evicted), %d open at the end\n",
+			f.Started, f.Answered, f.Unanswered, f.Live)
+	}
+	if s.PcapErrors > 0 {
+		fmt.Fprintf(&b, "  pcap: %d incidents could not be written\n", s.PcapErrors)
+	}
 	for _, m := range s.Mismatch {
-		fmt.Fprintf(w, "  mismatch: %s\n", m)
+		fmt.Fprintf(&b, "  mismatch: %s\n", m)
 	}
-	fmt.Fprintf(w, "  probes:")
+	b.WriteString("  probes:")
 	for _, p := range s.Probes {
 		if p.Attached {
-			fmt.Fprintf(w, " %s=%s", p.Hook, p.Tier)
+			fmt.Fprintf(&b, " %s=%s", p.Hook, p.Tier)
 		}
 	}
-	fmt.Fprintln(w)
+	b.WriteByte('\n')
+	return b.String()
 }

@@ -1,0 +1,368 @@
+package correlate
+
+import (
+	"hash/maphash"
+	"net/netip"
+
+	"github.com/dnsrace/dnsrace/internal/event"
+)
+
+// This file keeps the queries in flight and their indexes: by the kernel's
+// query id, by the asking socket (for a conntrack entry's original tuple
+// and for siblings), and by name per namespace (for retries); answers no
+// flow expected are matched by walking the newest queries. It recycles query
+// structs, so following a query costs no allocation.
+
+type qstate uint8
+
+const (
+	statePending qstate = iota
+	stateAnswered
+	stateLost
+	// stateUnwatched: first seen where no answer to it can be seen
+	// (forwarded from outside the node): only its drops count.
+	stateUnwatched
+)
+
+// query is one DNS question on the wire, from its first sighting. What only
+// a lost or raced query needs lives in *queryExtra, allocated then.
+type query struct {
+	qid    uint64
+	netns  uint32
+	src    netip.AddrPort
+	dst    netip.AddrPort
+	id     uint16
+	qtype  uint16
+	name   uint64 // hash of the question name
+	sock   sockKey
+	nk     nameKey
+	qname  string // interned: queries for one name share it
+	sentNs uint64
+	cgroup uint64
+	pid    uint32
+	nodeNS uint32 // where its conntrack evidence came from
+	cpu    uint16
+	tier   event.Tier
+	state  qstate
+	dead   bool // forgotten: out of every index
+	held   bool // an open stall refers to it: not recycled yet
+	comm   [16]byte
+	// prevPending and nextPending link the unanswered queries of its
+	// name (inPend: q is linked).
+	prevPending, nextPending *query
+	inPend                   bool
+	x                        *queryExtra
+}
+
+// queryExtra is the part of a query that only races and losses fill in.
+type queryExtra struct {
+	race   string
+	winner *Flow
+	// evidence from the fentry/kprobe confirm hook, or a late winner
+	confirmDrop bool
+	winnerCT    event.CT
+	winnerQID   uint64
+	// replyCause is set when the answer was seen dropped.
+	replyCause  string
+	replyReason string
+	replyLoc    string
+	replyNS     uint32
+}
+
+// extra returns q's extra part, allocating it on first use.
+func (q *query) extra() *queryExtra {
+	if q.x == nil {
+		q.x = &queryExtra{}
+	}
+	return q.x
+}
+
+// ext returns q's extra part or a zero one (read only).
+func (q *query) ext() *queryExtra {
+	if q.x == nil {
+		return &noExtra
+	}
+	return q.x
+}
+
+var noExtra queryExtra
+
+// sockKey names an asking socket by a hash of its source and destination
+// (also a conntrack entry's original tuple, whatever namespace the entry
+// is in). A map keyed by a number is several times faster than by two
+// netip.AddrPorts; the queries found are checked against the real tuple.
+type sockKey uint64
+
+var sockSeed = maphash.MakeSeed()
+
+func sockOf(src, dst netip.AddrPort) sockKey {
+	var b [36]byte
+	s, d := src.Addr().As16(), dst.Addr().As16()
+	copy(b[:16], s[:])
+	copy(b[16:32], d[:])
+	b[32], b[33] = byte(src.Port()>>8), byte(src.Port())
+	b[34], b[35] = byte(dst.Port()>>8), byte(dst.Port())
+	return sockKey(maphash.Bytes(sockSeed, b[:]))
+}
+
+// sockRecent holds the last queries sent on one socket, newest last:
+// enough for an A/AAAA pair and its retries.
+type sockRecent struct {
+	q [sockRecentLen]*query
+}
+
+const sockRecentLen = 8
+
+func (r *sockRecent) push(q *query) {
+	copy(r.q[:], r.q[1:])
+	r.q[sockRecentLen-1] = q
+}
+
+func (r *sockRecent) remove(q *query) (empty bool) {
+	empty = true
+	for i, o := range r.q {
+		if o == q {
+			r.q[i] = nil
+		} else if o != nil {
+			empty = false
+		}
+	}
+	return empty
+}
+
+// latest is the newest query still remembered on the socket src->dst.
+func (r *sockRecent) latest(src, dst netip.AddrPort) *query {
+	for i := sockRecentLen - 1; i >= 0; i-- {
+		if q := r.q[i]; q != nil && q.src == src && q.dst == dst {
+			return q
+		}
+	}
+	return nil
+}
+
+// nameKey is a name in a namespace: the name's hash mixed with the
+// namespace's inode (a number key, for speed).
+type nameKey uint64
+
+func nameOf(netns uint32, name uint64) nameKey {
+	return nameKey(name ^ (uint64(netns)+1)*0x9e3779b97f4a7c15)
+}
+
+// nameState is what a name in a namespace has going on: its unanswered
+// queries, oldest first, and its stall in progress.
+type nameState struct {
+	pend pendList
+	open *open
+}
+
+// pendList is a doubly linked list of queries through prevPending and
+// nextPending, oldest first.
+type pendList struct{ head, tail *query }
+
+func (l *pendList) push(q *query) {
+	q.prevPending, q.nextPending, q.inPend = l.tail, nil, true
+	if l.tail == nil {
+		l.head = q
+	} else {
+		l.tail.nextPending = q
+	}
+	l.tail = q
+}
+
+// remove unlinks q if it is linked (in O(1)).
+func (l *pendList) remove(q *query) {
+	if !q.inPend {
+		return
+	}
+	if q.prevPending == nil {
+		l.head = q.nextPending
+	} else {
+		q.prevPending.nextPending = q.nextPending
+	}
+	if q.nextPending == nil {
+		l.tail = q.prevPending
+	} else {
+		q.nextPending.prevPending = q.prevPending
+	}
+	q.prevPending, q.nextPending, q.inPend = nil, nil, false
+}
+
+// index holds every query in flight.
+type index struct {
+	byQID table[*query]
+	socks table[*sockRecent] // by sockKey
+	names table[*nameState]  // by nameKey
+	order []*query           // by first sighting, for expiry
+	// recycled structs: following a query allocates nothing
+	free      []*query
+	freeSocks []*sockRecent
+	freeNames []*nameState
+	pending   int // queries in statePending
+}
+
+func newIndex() index {
+	return index{byQID: newTable[*query](), socks: newTable[*sockRecent](), names: newTable[*nameState]()}
+}
+
+// alloc returns a zeroed query struct, recycled when one is free.
+func (ix *index) alloc() *query {
+	if n := len(ix.free); n > 0 {
+		q := ix.free[n-1]
+		ix.free = ix.free[:n-1]
+		return q
+	}
+	return &query{}
+}
+
+// recycle returns q to the free list unless an open stall still refers to
+// it.
+func (ix *index) recycle(q *query) {
+	if q.held || !q.dead {
+		return
+	}
+	*q = query{}
+	ix.free = append(ix.free, q)
+}
+
+// add puts a new query into every index (q.sock and q.nk set).
+func (ix *index) add(q *query) {
+	ix.byQID.set(q.qid, q)
+	sk := uint64(q.sock)
+	r, ok := ix.socks.get(sk)
+	if !ok {
+		r = ix.newSock()
+		ix.socks.set(sk, r)
+	}
+	r.push(q)
+	ix.order = append(ix.order, q)
+	if q.state == statePending {
+		ix.pending++
+		ix.nameStateOf(q.nk).pend.push(q)
+	}
+}
+
+func (ix *index) newSock() *sockRecent {
+	if n := len(ix.freeSocks); n > 0 {
+		r := ix.freeSocks[n-1]
+		ix.freeSocks = ix.freeSocks[:n-1]
+		return r
+	}
+	return &sockRecent{}
+}
+
+// nameStateOf returns the state of a name in a namespace, making it.
+func (ix *index) nameStateOf(k nameKey) *nameState {
+	nk := uint64(k)
+	s, ok := ix.names.get(nk)
+	if !ok {
+		if n := len(ix.freeNames); n > 0 {
+			s = ix.freeNames[n-1]
+			ix.freeNames = ix.freeNames[:n-1]
+		} else {
+			s = &nameState{}
+		}
+		ix.names.set(nk, s)
+	}
+	return s
+}
+
+// nameOfQuery returns q's name state, if it has one.
+func (ix *index) nameOfQuery(q *query) *nameState {
+	s, _ := ix.names.get(uint64(q.nk))
+	return s
+}
+
+// dropName forgets the name state of key k once nothing is going on.
+func (ix *index) dropName(k nameKey, s *nameState) {
+	if s.pend.head != nil || s.open != nil {
+		return
+	}
+	ix.names.del(uint64(k))
+	*s = nameState{}
+	ix.freeNames = append(ix.freeNames, s)
+}
+
+// lookup returns the live query with kernel id qid.
+func (ix *index) lookup(qid uint64) *query {
+	if qid == 0 {
+		return nil
+	}
+	q, _ := ix.byQID.get(qid)
+	return q
+}
+
+// byQuestion returns the newest query with the DNS id, type and name an
+// answer carries, sent within window before t. It walks the queries newest
+// first: it serves only answers no flow expected (rare), so no index is
+// kept for it on the hot path.
+func (ix *index) byQuestion(id, qtype uint16, name uint64, t, window uint64) *query {
+	for i := len(ix.order) - 1; i >= 0; i-- {
+		q := ix.order[i]
+		if q.sentNs+window < t {
+			break
+		}
+		if !q.dead && q.id == id && q.qtype == qtype && q.name == name {
+			return q
+		}
+	}
+	return nil
+}
+
+// setState moves q out of statePending (it stays in its name's pending
+// list until the next walk drops it).
+func (ix *index) setState(q *query, s qstate) {
+	if q.state == statePending && s != statePending {
+		ix.pending--
+	}
+	q.state = s
+}
+
+// sockets returns the recent queries of the socket src->dst.
+func (ix *index) sockets(src, dst netip.AddrPort) *sockRecent {
+	r, _ := ix.socks.get(uint64(sockOf(src, dst)))
+	return r
+}
+
+// onSocket is the newest query remembered on the socket src->dst.
+func (ix *index) onSocket(src, dst netip.AddrPort) *query {
+	if r := ix.sockets(src, dst); r != nil {
+		return r.latest(src, dst)
+	}
+	return nil
+}
+
+// forget takes q out of every index; its struct is recycled once no open
+// stall refers to it.
+func (ix *index) forget(q *query) {
+	if q.dead {
+		return
+	}
+	q.dead = true
+	if cur, _ := ix.byQID.get(q.qid); cur == q {
+		ix.byQID.del(q.qid)
+	}
+	sk := uint64(q.sock)
+	if r, ok := ix.socks.get(sk); ok && r.remove(q) {
+		ix.socks.del(sk)
+		*r = sockRecent{}
+		ix.freeSocks = append(ix.freeSocks, r)
+	}
+	nk := q.nk
+	if s, ok := ix.names.get(uint64(nk)); ok {
+		// Answered and lost queries stay linked until the next walk:
+		// unlink q whatever its state, its struct may be reused.
+		s.pend.remove(q)
+		ix.dropName(nk, s)
+	}
+	if q.state == statePending {
+		ix.pending--
+	}
+	ix.recycle(q)
+}
+
+// compact gives memory back after a burst.
+func (ix *index) compact() {
+	ix.byQID.shrink()
+	ix.socks.shrink()
+	ix.names.shrink()
+}

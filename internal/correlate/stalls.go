@@ -1,0 +1,191 @@
+package correlate
+
+import "github.com/dnsrace/dnsrace/internal/event"
+
+// This file turns lost queries into stalls: a query is lost when it is
+// dropped, or when a retry for the same name leaves the same namespace
+// while it is still unanswered; the lost queries of one lookup attempt
+// share one stall, which the retry ends. Races the kernel rescued are
+// incidents too, with no stall.
+
+// open is a stall in progress: lost queries of one lookup attempt.
+type open struct {
+	inc     *Incident
+	key     nameKey
+	firstNs uint64
+	queries []*query
+	retry   *query // the query that ended the stall
+}
+
+// retry is called for every new query: an older unanswered query for the
+// same name in the same namespace is lost, and the stall it caused ends now.
+func (c *Correlator) retry(q *query) {
+	s := c.ix.nameOfQuery(q)
+	if s == nil {
+		return
+	}
+	gap := uint64(c.cfg.MinRetryGap)
+	for old := s.pend.head; old != nil; {
+		next := old.nextPending
+		switch {
+		case old.state != statePending:
+			s.pend.remove(old)
+		case q.sentNs >= old.sentNs+gap:
+			s.pend.remove(old)
+			c.markLost(old, c.unansweredLoss(old))
+		}
+		old = next
+	}
+	if o := s.open; o != nil && q.sentNs >= o.firstNs+gap {
+		o.retry = q
+		c.closeOpen(o, q.sentNs, true)
+	}
+}
+
+// unansweredLoss explains a query that was never answered and never seen
+// dropped: its answer was dropped, or nothing local saw it at all.
+func (c *Correlator) unansweredLoss(q *query) Packet {
+	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs, Cause: CauseNoReply}
+	if x := q.ext(); x.replyCause != "" {
+		p.Cause, p.Reason, p.Location, p.NetNS = x.replyCause, x.replyReason, x.replyLoc, x.replyNS
+	}
+	return p
+}
+
+// markLost records a lost query and adds it to the open stall of its
+// lookup (A and AAAA of one attempt share one stall).
+func (c *Correlator) markLost(q *query, p Packet) {
+	if q.state != statePending && q.state != stateUnwatched {
+		return
+	}
+	c.ix.setState(q, stateLost)
+	c.lost++
+	s := c.ix.nameStateOf(q.nk)
+	o := s.open
+	if o != nil && q.sentNs >= o.firstNs+uint64(c.cfg.MinRetryGap) {
+		// An older stall whose retry was lost too: that retry ended it.
+		o.retry = q
+		c.closeOpen(o, q.sentNs, true)
+		o = nil
+	}
+	if o == nil {
+		o = &open{key: q.nk, firstNs: q.sentNs, inc: c.newIncident(q, p.Cause, p.Race)}
+		s.open = o
+		c.opens[o] = true
+	}
+	q.held = true
+	o.queries = append(o.queries, q)
+	o.inc.Lost = append(o.inc.Lost, p)
+}
+
+func (c *Correlator) newIncident(q *query, cause, race string) *Incident {
+	c.nextID++
+	inc := &Incident{
+		Type: "incident", ID: c.nextID, Time: c.cfg.Wall(q.sentNs), Cause: cause,
+		QName: q.qname, QType: QType(q.qtype), NetNS: q.netns, PID: q.pid,
+		Comm: commString(q.comm), Cgroup: q.cgroup, Src: q.src, Dst: q.dst,
+		NodeNetNS: q.nodeNS, Tier: tierOf(q), Lost: []Packet{},
+	}
+	if race != "" {
+		inc.Race = &race
+	}
+	return inc
+}
+
+func tierOf(q *query) string {
+	if q.tier == event.TierNone {
+		return event.TierTracepoint.String()
+	}
+	return q.tier.String()
+}
+
+// rescued emits a clash_resolved incident: a race the kernel resolved
+// without losing the packet. One per loser, whichever records see it.
+func (c *Correlator) rescued(q *query, ns uint32, loser, winner event.CT, wqid uint64, t uint64) {
+	lk := lossKey{loser.Ptr, loser.Orig}
+	if _, done := c.counted[lk]; done {
+		return
+	}
+	c.counted[lk] = t
+	inc := c.newIncident(q, CauseClashResolved, rescuedRace(loser, winner))
+	inc.NodeNetNS = ns
+	zero := 0.0
+	inc.StallMs = &zero
+	if winner.Ptr != 0 {
+		inc.Winner = c.flowOf(winner, wqid)
+	}
+	c.attributed(ns).ClashResolve++
+	c.emit(inc, q)
+}
+
+func (c *Correlator) closeOpen(o *open, endNs uint64, retried bool) {
+	delete(c.opens, o)
+	if s, ok := c.ix.names.get(uint64(o.key)); ok && s.open == o {
+		s.open = nil
+		c.ix.dropName(o.key, s)
+	}
+	inc := o.inc
+	inc.Retried = retried
+	if r := o.retry; r != nil {
+		inc.Retry = &Retry{QType: QType(r.qtype), ID: r.id, Src: r.src, Dst: r.dst}
+	}
+	if retried {
+		ms := float64(endNs-o.firstNs) / 1e6
+		inc.StallMs = &ms
+	}
+	first := o.queries[0]
+	if r := first.ext().race; inc.Race == nil && r != "" {
+		inc.Race = &r
+	}
+	for _, q := range o.queries {
+		if w := q.ext().winner; w != nil {
+			inc.Winner = w
+			break
+		}
+	}
+	if inc.NodeNetNS == 0 {
+		inc.NodeNetNS = first.nodeNS
+	}
+	c.emit(inc, first)
+	for _, q := range o.queries {
+		q.held = false
+		c.ix.recycle(q)
+	}
+}
+
+func (c *Correlator) emit(inc *Incident, q *query) {
+	if s := c.sibling(q); s != nil {
+		inc.Sibling = s
+	}
+	if c.cfg.OnIncident != nil {
+		c.cfg.OnIncident(inc)
+	}
+}
+
+// sibling finds the other query of q's A/AAAA pair: sent on the same
+// socket within MinRetryGap, another type, the same name; the first such
+// in order of sighting among the socket's recent queries.
+func (c *Correlator) sibling(q *query) *Sibling {
+	r, _ := c.ix.socks.get(uint64(q.sock))
+	if r == nil {
+		return nil
+	}
+	for _, other := range r.q {
+		if other == nil || other == q || other.dead || other.netns != q.netns || other.src != q.src || other.dst != q.dst || other.qtype == q.qtype || other.name != q.name {
+			continue
+		}
+		gap := int64(other.sentNs) - int64(q.sentNs)
+		if gap < 0 {
+			gap = -gap
+		}
+		if gap > int64(c.cfg.MinRetryGap) {
+			continue
+		}
+		return &Sibling{
+			QType: QType(other.qtype), ID: other.id, GapUs: float64(gap) / 1e3,
+			CPUs: [2]int{int(q.cpu), int(other.cpu)}, Answered: other.state == stateAnswered,
+			Lost: other.state == stateLost,
+		}
+	}
+	return nil
+}

@@ -1,0 +1,40 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/dnsrace/dnsrace/internal/testutil"
+)
+
+// BenchJSONMarker starts the line TestBenchJSON prints its result on.
+const BenchJSONMarker = "DNSRACE-BENCH-JSON "
+
+// TestBenchJSON is `dnsrace lab bench --json` for a machine that can run
+// only test binaries: scripts/vmtest's guest, which saves its console
+// (docs/vmtest.md). It runs every scenario three times with the resolver
+// DNSRACE_TEST_RESOLVER names in place of glibc (the guest sets it: under
+// emulation glibc is too slow to race) and prints the result as one line
+// after BenchJSONMarker. Without DNSRACE_TEST_RESOLVER it skips. How the
+// README's kernel picture was made with it: docs/bench.md.
+func TestBenchJSON(t *testing.T) {
+	resolver := os.Getenv("DNSRACE_TEST_RESOLVER")
+	if resolver == "" {
+		t.Skip("a tool, not a check: runs when DNSRACE_TEST_RESOLVER is set (scripts/vmtest's guest sets it)")
+	}
+	testutil.RequireRoot(t)
+	res, err := Bench(context.Background(), BenchConfig{
+		Prefix: "dnsrace-bj", Scenarios: Scenarios, Iterations: 3, Resolver: resolver, Progress: os.Stdout,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("\n%s%s\n", BenchJSONMarker, b)
+}

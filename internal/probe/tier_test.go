@@ -1,0 +1,113 @@
+package probe
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/dnsrace/dnsrace/internal/event"
+)
+
+// fentryLimit says why this kernel cannot give dnsrace the fentry tier, or
+// "" if it can. It asks the kernel directly, not the loader: a trivial
+// fentry program must attach to udp_sendmsg (arm64 kernels before 6.4 lack
+// ftrace direct calls and answer ENOTSUPP, e.g. Debian's 6.1), and
+// nf_conntrack, when it is a module, must have BTF (5.11+,
+// CONFIG_DEBUG_INFO_BTF_MODULES; Debian 11's 5.10 has none).
+func fentryLimit(t *testing.T) string {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.Tracing, AttachType: ebpf.AttachTraceFEntry, AttachTo: "udp_sendmsg", License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		return fmt.Sprintf("a fentry program does not load: %v", err)
+	}
+	defer prog.Close()
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+	if err != nil {
+		return fmt.Sprintf("a fentry program does not attach to udp_sendmsg: %v", err)
+	}
+	l.Close()
+	if _, err := os.Stat("/sys/module/nf_conntrack/initstate"); err == nil { // a module, not built in
+		if _, err := os.Stat("/sys/kernel/btf/nf_conntrack"); errors.Is(err, os.ErrNotExist) {
+			return "nf_conntrack has no BTF (/sys/kernel/btf/nf_conntrack)"
+		}
+	}
+	return ""
+}
+
+// isFunctionHook reports whether hook is one of the function hooks (fentry
+// or kprobe).
+func isFunctionHook(hook string) bool {
+	for _, h := range functionHooks {
+		if h.name == hook {
+			return true
+		}
+	}
+	return false
+}
+
+// openTier opens a Tracer with the tier under test forced. Where the kernel
+// cannot give fentry (fentryLimit), the fentry case checks instead that
+// forcing it is refused with a TierError naming a function hook, and that the
+// automatic choice falls back to kprobe for the function hooks that need
+// fentry's missing piece and says why; it returns that automatic tracer. The
+// tests then expect each record in the tier its hook attached with.
+func openTier(t *testing.T, tier event.Tier) *Tracer {
+	t.Helper()
+	if tier != event.TierFentry {
+		return open(t, Options{Attach: tier})
+	}
+	limit := fentryLimit(t)
+	if limit == "" {
+		return open(t, Options{Attach: tier})
+	}
+	t.Logf("fentry is limited here: %s", limit)
+	tr, err := Open(Options{Attach: event.TierFentry})
+	if err == nil {
+		tr.Close()
+		t.Fatalf("forced fentry attached although %s", limit)
+	}
+	var te *TierError
+	if !errors.As(err, &te) || te.Tier != event.TierFentry || !isFunctionHook(te.Hook) || te.Err == nil {
+		t.Fatalf("forced fentry where %s: want a TierError for a function hook, got %v", limit, err)
+	}
+	t.Logf("forced fentry refused as expected: %v", err)
+	tr = open(t, Options{})
+	if tr.Mode() != ModeFunction {
+		t.Fatalf("where %s the automatic choice must still be the function mode (kprobe), got %s", limit, tr.Mode())
+	}
+	for _, p := range tr.Probes() {
+		if !isFunctionHook(p.Hook) || p.Tier == event.TierFentry {
+			continue
+		}
+		if !p.Attached || p.Tier != event.TierKprobe || p.Err == nil {
+			t.Errorf("%s where %s: want kprobe attached and the reason fentry was skipped, got %s", p.Hook, limit, p)
+		}
+	}
+	if p := probeByHook(tr, "nf_conntrack_confirm"); p.Tier != event.TierKprobe {
+		t.Errorf("nf_conntrack_confirm where %s: want the kprobe fallback, got %s", limit, p)
+	}
+	return tr
+}
+
+// kernelHasType reports whether the running kernel's BTF has a type named name.
+func kernelHasType(t *testing.T, name string) bool {
+	t.Helper()
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		t.Fatalf("loading kernel BTF: %v", err)
+	}
+	_, err = spec.AnyTypeByName(name)
+	if err != nil && !errors.Is(err, btf.ErrNotFound) {
+		t.Fatalf("looking up %s in kernel BTF: %v", name, err)
+	}
+	return err == nil
+}
