@@ -83,7 +83,7 @@ func TestQueryAnswered(t *testing.T) {
 			}
 			n.serveDNS(t, server, dns.RcodeNameError, 1)
 			tier := testTier(t)
-			tr := openTier(t, tier)
+			tr := openTier(t, Options{Attach: tier})
 			c := collect(t, tr)
 			qname := uniqueName(t)
 			conn := n.dial(t, network, server, 53)
@@ -137,7 +137,7 @@ func TestDrop(t *testing.T) {
 		nftables.ChainHookInput, nftables.ChainPriorityFilter,
 		join(ctStateNew(), udpDport(53), []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}})...)
 	tier := testTier(t)
-	tr := openTier(t, tier)
+	tr := openTier(t, Options{Attach: tier})
 	c := collect(t, tr)
 	n.sendUDP(t, serverAddr, 9999, []byte("not dns"))
 	qname := uniqueName(t)
@@ -194,7 +194,7 @@ func TestNATToAnotherPort(t *testing.T) {
 		join(ipDaddr(vipAddr), udpDport(53), dnatToPort(serverAddr, 5353))...)
 	n.serveDNSPort(t, serverAddr, 5353, dns.RcodeSuccess, 1)
 	tier := testTier(t)
-	tr := openTier(t, tier)
+	tr := openTier(t, Options{Attach: tier})
 	c := collect(t, tr)
 	for i := range 3 {
 		qname := uniqueName(t)
@@ -226,7 +226,7 @@ func TestRcvbufFull(t *testing.T) {
 	requireBTF(t)
 	n := newTwoNS(t)
 	n.serveDNS(t, serverAddr, dns.RcodeSuccess, 50)
-	tr := open(t, Options{Attach: testTier(t)})
+	tr := openTier(t, Options{Attach: testTier(t)})
 	if p := probeByHook(tr, "udp_fail_queue_rcv_skb"); !p.Attached {
 		t.Fatalf("udp_fail_queue_rcv_skb not attached: %s", p)
 	}
@@ -260,7 +260,7 @@ func TestLost(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	n := newTwoNS(t)
-	tr := open(t, Options{Attach: testTier(t), RingBufferSize: uint32(os.Getpagesize())})
+	tr := openTier(t, Options{Attach: testTier(t), RingBufferSize: uint32(os.Getpagesize())})
 	const queries = 100 // a QUERY record each, about 130 bytes
 	for range queries {
 		n.sendUDP(t, serverAddr, 53, dnsQuery(t, uniqueName(t), dns.TypeA))
@@ -298,7 +298,7 @@ func TestClash(t *testing.T) {
 		nftables.ChainHookOutput, nftables.ChainPriorityNATDest,
 		join(ipDaddr(vipAddr), udpDport(53), dnatTo(serverAddr))...)
 	slowChain(t, n, 200)
-	tr := openTier(t, tier)
+	tr := openTier(t, Options{Attach: tier})
 	c := collect(t, tr)
 	want := event.KindMerged
 	if tr.Mode() == ModeTracepoint {
@@ -456,7 +456,7 @@ func TestFilters(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	n := newTwoNS(t)
-	tr := open(t, Options{Attach: testTier(t), Ports: []uint16{5353, 5300}, NetNS: n.clientIno})
+	tr := openTier(t, Options{Attach: testTier(t), Ports: []uint16{5353, 5300}, NetNS: n.clientIno})
 	c := collect(t, tr)
 	q53, q5353, q5300 := uniqueName(t), uniqueName(t), uniqueName(t)
 	n.sendUDP(t, serverAddr, 53, dnsQuery(t, q53, dns.TypeA))
@@ -483,7 +483,7 @@ func TestReadAllocs(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	n := newTwoNS(t)
-	tr := open(t, Options{Attach: testTier(t)})
+	tr := openTier(t, Options{Attach: testTier(t)})
 	const queries = 200 // a QUERY record each (nothing answers)
 	for range queries {
 		n.sendUDP(t, serverAddr, 53, dnsQuery(t, uniqueName(t), dns.TypeA))
@@ -561,7 +561,7 @@ func TestForcedTier(t *testing.T) {
 	tier := testTier(t)
 	if tier == event.TierFentry && fentryLimit(t) != "" {
 		// openTier checks the refusal and the kprobe fallback.
-		forcedTierQuery(t, openTier(t, tier))
+		forcedTierQuery(t, openTier(t, Options{Attach: tier}))
 		return
 	}
 	tr := open(t, Options{Attach: tier})

@@ -54,23 +54,23 @@ func isFunctionHook(hook string) bool {
 	return false
 }
 
-// openTier opens a Tracer with the tier under test forced. Where the kernel
+// openTier opens a Tracer with the tier under test forced (opts.Attach). Where the kernel
 // cannot give fentry (fentryLimit), the fentry case checks instead that
 // forcing it is refused with a TierError naming a function hook, and that the
 // automatic choice falls back to kprobe for the function hooks that need
 // fentry's missing piece and says why; it returns that automatic tracer. The
 // tests then expect each record in the tier its hook attached with.
-func openTier(t *testing.T, tier event.Tier) *Tracer {
+func openTier(t *testing.T, opts Options) *Tracer {
 	t.Helper()
-	if tier != event.TierFentry {
-		return open(t, Options{Attach: tier})
+	if opts.Attach != event.TierFentry {
+		return open(t, opts)
 	}
 	limit := fentryLimit(t)
 	if limit == "" {
-		return open(t, Options{Attach: tier})
+		return open(t, opts)
 	}
 	t.Logf("fentry is limited here: %s", limit)
-	tr, err := Open(Options{Attach: event.TierFentry})
+	tr, err := Open(opts)
 	if err == nil {
 		tr.Close()
 		t.Fatalf("forced fentry attached although %s", limit)
@@ -80,7 +80,8 @@ func openTier(t *testing.T, tier event.Tier) *Tracer {
 		t.Fatalf("forced fentry where %s: want a TierError for a function hook, got %v", limit, err)
 	}
 	t.Logf("forced fentry refused as expected: %v", err)
-	tr = open(t, Options{})
+	opts.Attach = event.TierNone
+	tr = open(t, opts)
 	if tr.Mode() != ModeFunction {
 		t.Fatalf("where %s the automatic choice must still be the function mode (kprobe), got %s", limit, tr.Mode())
 	}

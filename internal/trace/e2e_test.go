@@ -172,6 +172,17 @@ func traceScenario(t *testing.T, name string) *traced {
 	}
 	t.Logf("lab: lookups %d stalls %d timeouts %d lost %d conntrack %+v in netns %v", rep.Lookups, rep.Stalls, rep.StallTimeout, rep.LostReplies, rep.Conntrack, rep.NATNetNS)
 	t.Logf("trace: %d incidents in the lab's pods; NAT netns kernel %+v attributed %+v; events lost %d", len(tr.incidents), tr.nat.Kernel, tr.nat.Attributed, tr.sum.EventsLost)
+	// Where packets were freed, with the reason: the rules' evidence,
+	// worth seeing from every kernel (5.10 has only the location).
+	freed := map[string]int{}
+	for _, inc := range tr.incidents {
+		for _, p := range inc.Lost {
+			freed[fmt.Sprintf("%s %s reason %q", p.Cause, p.Location, p.Reason)]++
+		}
+	}
+	for k, n := range freed {
+		t.Logf("lost packets: %d × %s", n, k)
+	}
 	if tr.nat.Kernel.InsertFailed != rep.Conntrack.InsertFailed || tr.nat.Kernel.ClashResolve != rep.Conntrack.ClashResolve {
 		t.Errorf("tracer read NAT netns counters %+v, the lab measured %+v", tr.nat.Kernel, rep.Conntrack)
 	}
