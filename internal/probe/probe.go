@@ -481,7 +481,7 @@ func (l *loader) loadAttach(aps []attachPoint) ([]link.Link, *ebpf.Collection, e
 				lk.Close()
 			}
 			coll.Close()
-			return nil, nil, fmt.Errorf("attaching %s: %w", l.spec.Programs[ap.prog].SectionName, explainAttach(err))
+			return nil, nil, fmt.Errorf("attaching %s: %w", l.spec.Programs[ap.prog].SectionName, explainAttach(l.spec.Programs[ap.prog].Type, err))
 		}
 		links = append(links, lk)
 	}
@@ -519,9 +519,16 @@ func explain(err error) error {
 	return err
 }
 
-func explainAttach(err error) error {
-	switch {
-	case errors.Is(err, os.ErrNotExist), errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, unix.EOPNOTSUPP):
+// explainAttach says why a program of type typ may not attach.
+func explainAttach(typ ebpf.ProgramType, err error) error {
+	if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, ebpf.ErrNotSupported) && !errors.Is(err, unix.EOPNOTSUPP) {
+		return err
+	}
+	switch typ {
+	case ebpf.Tracing:
+		// fentry needs ftrace direct calls (arm64 has them from 6.4).
+		return fmt.Errorf("%w (no fentry trampolines on this kernel, e.g. arm64 before 6.4, or the function is not traceable)", err)
+	case ebpf.Kprobe:
 		return fmt.Errorf("%w (kernel without CONFIG_KPROBES, or the function is not traceable here)", err)
 	}
 	return err
