@@ -116,6 +116,31 @@ func Do(name string, fn func() error) error {
 	})
 }
 
+// DoHandle runs fn with the calling goroutine's thread inside the namespace
+// of h.
+func DoHandle(h netns.NsHandle, fn func() error) error {
+	return onThread(func() error {
+		if err := netns.Set(h); err != nil {
+			return fmt.Errorf("entering a network namespace: %w", err)
+		}
+		return fn()
+	})
+}
+
+// NewAnonymous creates a network namespace with no name: it lives as long as
+// the returned handle (and anything made in it, such as a socket) is open.
+func NewAnonymous() (netns.NsHandle, error) {
+	var h netns.NsHandle
+	err := onThread(func() error {
+		var err error
+		if h, err = netns.New(); err != nil {
+			return fmt.Errorf("creating a network namespace: %w", err)
+		}
+		return nil
+	})
+	return h, err
+}
+
 // onThread runs fn on a locked OS thread and puts the thread back in its
 // original network namespace after. Only if that succeeds is the thread
 // unlocked; otherwise it stays locked and the runtime ends it with the

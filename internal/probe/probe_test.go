@@ -559,7 +559,7 @@ func TestForcedTier(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	tier := testTier(t)
-	if tier == event.TierFentry && fentryLimit(t) != "" {
+	if tier == event.TierFentry && testutil.FentryLimit() != "" {
 		// openTier checks the refusal and the kprobe fallback.
 		forcedTierQuery(t, openTier(t, Options{Attach: tier}))
 		return

@@ -2,46 +2,13 @@ package probe
 
 import (
 	"errors"
-	"fmt"
-	"os"
 	"testing"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
-	"github.com/cilium/ebpf/link"
 
 	"github.com/dnsrace/dnsrace/internal/event"
+	"github.com/dnsrace/dnsrace/internal/testutil"
 )
-
-// fentryLimit says why this kernel cannot give dnsrace the fentry tier, or
-// "" if it can. It asks the kernel directly, not the loader: a trivial
-// fentry program must attach to udp_sendmsg (arm64 kernels before 6.4 lack
-// ftrace direct calls and answer ENOTSUPP, e.g. Debian's 6.1), and
-// nf_conntrack, when it is a module, must have BTF (5.11+,
-// CONFIG_DEBUG_INFO_BTF_MODULES; Debian 11's 5.10 has none).
-func fentryLimit(t *testing.T) string {
-	t.Helper()
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type: ebpf.Tracing, AttachType: ebpf.AttachTraceFEntry, AttachTo: "udp_sendmsg", License: "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
-	})
-	if err != nil {
-		return fmt.Sprintf("a fentry program does not load: %v", err)
-	}
-	defer prog.Close()
-	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
-	if err != nil {
-		return fmt.Sprintf("a fentry program does not attach to udp_sendmsg: %v", err)
-	}
-	l.Close()
-	if _, err := os.Stat("/sys/module/nf_conntrack/initstate"); err == nil { // a module, not built in
-		if _, err := os.Stat("/sys/kernel/btf/nf_conntrack"); errors.Is(err, os.ErrNotExist) {
-			return "nf_conntrack has no BTF (/sys/kernel/btf/nf_conntrack)"
-		}
-	}
-	return ""
-}
 
 // isFunctionHook reports whether hook is one of the function hooks (fentry
 // or kprobe).
@@ -65,7 +32,7 @@ func openTier(t *testing.T, opts Options) *Tracer {
 	if opts.Attach != event.TierFentry {
 		return open(t, opts)
 	}
-	limit := fentryLimit(t)
+	limit := testutil.FentryLimit()
 	if limit == "" {
 		return open(t, opts)
 	}

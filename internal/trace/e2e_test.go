@@ -3,17 +3,12 @@ package trace
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/link"
 
 	"github.com/dnsrace/dnsrace/internal/correlate"
 	"github.com/dnsrace/dnsrace/internal/event"
@@ -77,7 +72,7 @@ func traceScenario(t *testing.T, name string) *traced {
 	want := tier(t)
 	attach := want
 	if want == event.TierFentry {
-		if limit := fentryLimit(); limit != "" {
+		if limit := testutil.FentryLimit(); limit != "" {
 			// The kernel cannot give fentry (5.10: no nf_conntrack BTF;
 			// arm64 before 6.4: no ftrace direct calls): trace with the
 			// tiers the loader chooses, and check below that it fell back
@@ -279,33 +274,6 @@ func TestTraceWrongSource(t *testing.T) {
 func TestTraceUpstreamLoss(t *testing.T) {
 	tr := traceScenario(t, "upstream-loss")
 	tr.checkStalls(t, correlate.CauseNoReply)
-}
-
-// fentryLimit says why this kernel cannot give dnsrace the fentry tier, or
-// "" if it can, asking the kernel directly (as internal/probe's tests do): a
-// trivial fentry program must attach to udp_sendmsg (arm64 before 6.4 has no
-// ftrace direct calls), and nf_conntrack, when it is a module, must have BTF
-// (5.11+; Debian 11's 5.10 has none).
-func fentryLimit() string {
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type: ebpf.Tracing, AttachType: ebpf.AttachTraceFEntry, AttachTo: "udp_sendmsg", License: "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
-	})
-	if err != nil {
-		return fmt.Sprintf("a fentry program does not load: %v", err)
-	}
-	defer prog.Close()
-	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
-	if err != nil {
-		return fmt.Sprintf("a fentry program does not attach to udp_sendmsg: %v", err)
-	}
-	l.Close()
-	if _, err := os.Stat("/sys/module/nf_conntrack/initstate"); err == nil { // a module, not built in
-		if _, err := os.Stat("/sys/kernel/btf/nf_conntrack"); errors.Is(err, os.ErrNotExist) {
-			return "nf_conntrack has no BTF (/sys/kernel/btf/nf_conntrack)"
-		}
-	}
-	return ""
 }
 
 // raceAttempts is how many runs a scenario whose race is not guaranteed

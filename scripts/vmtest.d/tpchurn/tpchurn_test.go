@@ -24,6 +24,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/dnsrace/dnsrace/internal/nsutil"
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
@@ -137,12 +138,12 @@ func TestRawTracepointChurn(t *testing.T) {
 // the namespaces are freed by the kernel's netns cleanup work, which frees
 // their conntrack entries through kmem_cache_free. Returns the packets sent.
 func pairRound(w, i int) (int, error) {
-	a, err := newNS()
+	a, err := nsutil.NewAnonymous()
 	if err != nil {
 		return 0, err
 	}
 	defer a.Close()
-	b, err := newNS()
+	b, err := nsutil.NewAnonymous()
 	if err != nil {
 		return 0, err
 	}
@@ -187,7 +188,7 @@ func pairRound(w, i int) (int, error) {
 	}
 
 	sent := 0
-	err = inNS(a, func() error {
+	err = nsutil.DoHandle(a, func() error {
 		for k := 0; k < 32; k++ {
 			c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: addrB, Port: 5300 + w})
 			if err != nil {
@@ -203,53 +204,6 @@ func pairRound(w, i int) (int, error) {
 		return nil
 	})
 	return sent, err
-}
-
-// newNS returns a handle on a new anonymous network namespace; closing the
-// handle (and every socket made in it) frees it.
-func newNS() (netns.NsHandle, error) {
-	var h netns.NsHandle
-	err := onThread(func() error {
-		var err error
-		h, err = netns.New()
-		if err != nil {
-			return fmt.Errorf("creating a network namespace: %w", err)
-		}
-		return nil
-	})
-	return h, err
-}
-
-// inNS runs fn on a locked thread inside ns.
-func inNS(ns netns.NsHandle, fn func() error) error {
-	return onThread(func() error {
-		if err := netns.Set(ns); err != nil {
-			return fmt.Errorf("entering a namespace: %w", err)
-		}
-		return fn()
-	})
-}
-
-// onThread runs fn on a locked OS thread and puts the thread back in its
-// namespace after; if that fails the thread stays locked and dies with the
-// goroutine.
-func onThread(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- fmt.Errorf("reading the thread's namespace: %w", err)
-			return
-		}
-		defer orig.Close()
-		err = fn()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
 }
 
 // conntrackOn installs "ct state new counter" in a filter chain of ns: a ct

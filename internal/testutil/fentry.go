@@ -1,0 +1,39 @@
+package testutil
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+)
+
+// FentryLimit says why this kernel cannot give dnsrace the fentry tier, or
+// "" if it can. It asks the kernel directly, not dnsrace's loader: a trivial
+// fentry program must attach to udp_sendmsg (arm64 kernels before 6.4 lack
+// ftrace direct calls, e.g. Debian's 6.1), and nf_conntrack, when it is a
+// module, must have BTF (5.11+, CONFIG_DEBUG_INFO_BTF_MODULES; Debian 11's
+// 5.10 has none).
+func FentryLimit() string {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.Tracing, AttachType: ebpf.AttachTraceFEntry, AttachTo: "udp_sendmsg", License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		return fmt.Sprintf("a fentry program does not load: %v", err)
+	}
+	defer prog.Close()
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+	if err != nil {
+		return fmt.Sprintf("a fentry program does not attach to udp_sendmsg: %v", err)
+	}
+	l.Close()
+	if _, err := os.Stat("/sys/module/nf_conntrack/initstate"); err == nil { // a module, not built in
+		if _, err := os.Stat("/sys/kernel/btf/nf_conntrack"); errors.Is(err, os.ErrNotExist) {
+			return "nf_conntrack has no BTF (/sys/kernel/btf/nf_conntrack)"
+		}
+	}
+	return ""
+}
