@@ -85,12 +85,16 @@ type Packet struct {
 	ID       uint16 `json:"id"`
 	Cause    string `json:"cause"`
 	Race     string `json:"race,omitempty"`
-	Reason   string `json:"reason,omitempty"`   // skb drop reason
+	Reason   string `json:"reason,omitempty"`   // skb drop reason; none before 5.17
 	Location string `json:"location,omitempty"` // where the skb was freed
 	NetNS    uint32 `json:"netns,omitempty"`    // namespace of the drop
 	CPU      uint16 `json:"cpu"`
 	SentNs   uint64 `json:"-"`
 }
+
+// Dropped reports whether the packet was freed on this node (a drop record:
+// a location, and a reason from 5.17 on), not just never answered.
+func (p *Packet) Dropped() bool { return p.Reason != "" || p.Location != "" }
 
 // Sibling is the other query of an A/AAAA pair sent on the same 5-tuple.
 type Sibling struct {

@@ -198,12 +198,8 @@ func Packets(inc *correlate.Incident) ([]Packet, error) {
 			return nil, fmt.Errorf("building incident %d packet: %w", inc.ID, err)
 		}
 		c := fmt.Sprintf("%s: LOST query %s id %d", head, l.QType, l.ID)
-		if l.Reason != "" {
-			c += " (" + l.Reason
-			if l.Location != "" {
-				c += " at " + l.Location
-			}
-			c += fmt.Sprintf(" in netns %d)", l.NetNS)
+		if l.Dropped() {
+			c += " (" + strings.TrimSpace(l.Reason+" at "+l.Location) + fmt.Sprintf(" in netns %d)", l.NetNS)
 		}
 		if i > 0 {
 			c += "; 5-tuple of the first lost query"

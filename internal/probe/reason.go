@@ -16,7 +16,8 @@ var dropReasons struct {
 // DropReasonName returns the name of an enum skb_drop_reason value of the
 // running kernel without the SKB_DROP_REASON_ prefix ("NETFILTER_DROP"),
 // read from the kernel's BTF, since the values differ between kernel
-// versions. Unknown values (or no BTF) give "reason(N)".
+// versions. Unknown values give "reason(N)"; a kernel without drop reasons
+// (before 5.17: no enum skb_drop_reason in its BTF) gives "".
 func DropReasonName(v uint32) string {
 	dropReasons.once.Do(func() {
 		spec, err := btf.LoadKernelSpec()
@@ -26,6 +27,9 @@ func DropReasonName(v uint32) string {
 	})
 	if n, ok := dropReasons.names[v]; ok {
 		return n
+	}
+	if len(dropReasons.names) == 0 {
+		return ""
 	}
 	return fmt.Sprintf("reason(%d)", v)
 }

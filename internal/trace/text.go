@@ -157,10 +157,10 @@ func FormatIncident(inc *correlate.Incident) string {
 	for _, p := range inc.Lost {
 		how := "no answer came back; nothing on this node dropped it"
 		switch {
-		case p.Reason != "" && (p.Cause == correlate.CauseReplyUnmatched || p.Cause == correlate.CauseRcvbufFull):
-			how = "its answer was dropped: " + dropWhere(p)
-		case p.Reason != "":
-			how = "dropped: " + dropWhere(p)
+		case p.Dropped() && (p.Cause == correlate.CauseReplyUnmatched || p.Cause == correlate.CauseRcvbufFull):
+			how = "its answer was dropped" + dropWhere(p)
+		case p.Dropped():
+			how = "dropped" + dropWhere(p)
 		}
 		c := p.Cause
 		if p.Race != "" {
@@ -205,12 +205,18 @@ func FormatIncident(inc *correlate.Incident) string {
 	return b.String()
 }
 
+// dropWhere: ": NETFILTER_DROP at nf_hook_slow+0x7d in netns N", or
+// " at nf_hook_slow+0x93 in netns N" where the kernel gives no reason
+// (before 5.17).
 func dropWhere(p correlate.Packet) string {
-	s := p.Reason
+	s := fmt.Sprintf(" in netns %d", p.NetNS)
 	if p.Location != "" {
-		s += " at " + p.Location
+		s = " at " + p.Location + s
 	}
-	return s + fmt.Sprintf(" in netns %d", p.NetNS)
+	if p.Reason != "" {
+		s = ": " + p.Reason + s
+	}
+	return s
 }
 
 // WriteSummary writes the reconciliation as text or one JSON line, in one

@@ -72,7 +72,13 @@ func incidents() []*correlate.Incident {
 		QName: "svc-00.lab.test", QType: correlate.QType(65280), NetNS: 4026532600, Src: pod, Dst: vip, StallMs: ms(2500),
 		Retried: true, Retry: &correlate.Retry{QType: correlate.QType(65280), ID: 10, Src: pod, Dst: vip},
 		Lost: []correlate.Packet{{QType: correlate.QType(65280), ID: 10, Cause: correlate.CauseNoReply}}, Tier: "tracepoint"}
-	return []*correlate.Incident{race, full, unmatched, noReply}
+	// 5.10 has no drop reasons: the drop is known by where it was freed.
+	noReason := &correlate.Incident{Type: "incident", ID: 5, Time: t0.Add(4 * time.Second), Cause: correlate.CauseInsertRace, Race: str(correlate.RaceReplyClash),
+		QName: "svc-03.lab.test", QType: aaaa, NetNS: 4026532453, Src: pod, Dst: vip, NodeNetNS: 4026532177,
+		Lost: []correlate.Packet{{QType: aaaa, ID: 11, Cause: correlate.CauseInsertRace, Race: correlate.RaceReplyClash,
+			Location: "nf_hook_slow+0x93", NetNS: 4026532177}},
+		Tier: "kprobe"}
+	return []*correlate.Incident{race, full, unmatched, noReply, noReason}
 }
 
 func rescued(id uint64, at time.Time, pod string, netns uint32, race string) *correlate.Incident {
@@ -104,6 +110,7 @@ func TestTextGolden(t *testing.T) {
 	w.Release(time.Time{}, t0.Add(6*time.Second))
 	w.Incident(inc[2])
 	w.Incident(inc[3])
+	w.Incident(inc[4])
 	w.Release(time.Time{}, t0.Add(11*time.Second)) // the 10 s summing-up
 	w.Incident(rescued(8, t0.Add(12*time.Second), "frontend-7d9f8-lp3xk", 4026532700, correlate.RaceSameTuple))
 	w.Close(t0.Add(13 * time.Second))
@@ -116,7 +123,7 @@ func TestTextGolden(t *testing.T) {
 			times = append(times, l[:12])
 		}
 	}
-	if !sort.StringsAreSorted(times) || len(times) != 4 {
+	if !sort.StringsAreSorted(times) || len(times) != 5 {
 		t.Errorf("stall headlines out of order: %v", times)
 	}
 }
