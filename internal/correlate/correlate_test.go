@@ -461,3 +461,23 @@ func TestOpenStallHoldsItsQueries(t *testing.T) {
 		t.Errorf("incident %+v", inc)
 	}
 }
+
+// The writers' description of a drop, with and without a reason (5.10)
+// and a location.
+func TestDropSite(t *testing.T) {
+	for _, c := range []struct {
+		p    Packet
+		want string
+	}{
+		{Packet{Reason: "NETFILTER_DROP", Location: "nf_hook_slow+0x7d", NetNS: 7}, "NETFILTER_DROP at nf_hook_slow+0x7d in netns 7"},
+		{Packet{Location: "nf_hook_slow+0x93", NetNS: 7}, "at nf_hook_slow+0x93 in netns 7"},
+		{Packet{Reason: "NO_SOCKET", NetNS: 7}, "NO_SOCKET in netns 7"},
+	} {
+		if got := c.p.DropSite(); got != c.want || !c.p.Dropped() {
+			t.Errorf("%+v: DropSite %q (dropped %v), want %q", c.p, got, c.p.Dropped(), c.want)
+		}
+	}
+	if (&Packet{NetNS: 7}).Dropped() {
+		t.Error("a packet without reason or location counts as dropped")
+	}
+}

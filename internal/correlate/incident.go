@@ -96,6 +96,21 @@ type Packet struct {
 // a location, and a reason from 5.17 on), not just never answered.
 func (p *Packet) Dropped() bool { return p.Reason != "" || p.Location != "" }
 
+// DropSite says where the packet was dropped, for the writers:
+// "NETFILTER_DROP at nf_hook_slow+0x7d in netns N", without the reason where
+// the kernel gives none (before 5.17) and without the location where none
+// was read.
+func (p *Packet) DropSite() string {
+	s := "in netns " + strconv.FormatUint(uint64(p.NetNS), 10)
+	if p.Location != "" {
+		s = "at " + p.Location + " " + s
+	}
+	if p.Reason != "" {
+		s = p.Reason + " " + s
+	}
+	return s
+}
+
 // Sibling is the other query of an A/AAAA pair sent on the same 5-tuple.
 type Sibling struct {
 	QType    QType   `json:"qtype"`
@@ -154,6 +169,13 @@ type Attributed struct {
 	InsertFailed uint64 `json:"insert_failed"`
 	Drop         uint64 `json:"drop"`
 	ClashResolve uint64 `json:"clash_resolve"`
+}
+
+// Add adds o's counts to a (to sum namespaces).
+func (a *Attributed) Add(o Attributed) {
+	a.InsertFailed += o.InsertFailed
+	a.Drop += o.Drop
+	a.ClashResolve += o.ClashResolve
 }
 
 // CounterSource gives the kernel's conntrack counters of a namespace,

@@ -199,7 +199,7 @@ func Packets(inc *correlate.Incident) ([]Packet, error) {
 		}
 		c := fmt.Sprintf("%s: LOST query %s id %d", head, l.QType, l.ID)
 		if l.Dropped() {
-			c += " (" + strings.TrimSpace(l.Reason+" at "+l.Location) + fmt.Sprintf(" in netns %d)", l.NetNS)
+			c += " (" + l.DropSite() + ")"
 		}
 		if i > 0 {
 			c += "; 5-tuple of the first lost query"

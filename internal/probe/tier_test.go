@@ -21,8 +21,9 @@ func isFunctionHook(hook string) bool {
 	return false
 }
 
-// openTier opens a Tracer with the tier under test forced (opts.Attach). Where the kernel
-// cannot give fentry (fentryLimit), the fentry case checks instead that
+// openTier opens a Tracer with the tier under test forced (opts.Attach).
+// Where the kernel cannot give fentry (testutil.FentryLimit), the fentry
+// case checks instead that
 // forcing it is refused with a TierError naming a function hook, and that the
 // automatic choice falls back to kprobe for the function hooks that need
 // fentry's missing piece and says why; it returns that automatic tracer. The

@@ -146,9 +146,7 @@ func traceScenario(t *testing.T, name string) *traced {
 			t.Errorf("netns %d (%s): tracer read counters %+v, the lab measured %+v", ns, labNS[ns].Name, n.Kernel, l)
 		}
 		tr.nat.Kernel.Add(n.Kernel)
-		tr.nat.Attributed.InsertFailed += n.Attributed.InsertFailed
-		tr.nat.Attributed.Drop += n.Attributed.Drop
-		tr.nat.Attributed.ClashResolve += n.Attributed.ClashResolve
+		tr.nat.Attributed.Add(n.Attributed)
 	}
 	// The tier that was asked for must be the one that traced; where fentry
 	// is limited, the fallback (kprobe) with the reason fentry was skipped.

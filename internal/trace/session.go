@@ -410,9 +410,7 @@ func (s *Session) reconcile(typ string, sn *snapshot, lost uint64) *Summary {
 		a := sn.attributed[ns]
 		sum.Namespaces = append(sum.Namespaces, NamespaceSummary{NetNS: ns, Path: s.ns.path(ns), Kernel: k, Attributed: a, Late: s.ns.isLate(ns)})
 		sum.Kernel.Add(k)
-		sum.Attributed.InsertFailed += a.InsertFailed
-		sum.Attributed.Drop += a.Drop
-		sum.Attributed.ClashResolve += a.ClashResolve
+		sum.Attributed.Add(a)
 	}
 	check := func(name string, kernel, attributed uint64) {
 		if kernel != attributed {

@@ -209,14 +209,10 @@ func FormatIncident(inc *correlate.Incident) string {
 // " at nf_hook_slow+0x93 in netns N" where the kernel gives no reason
 // (before 5.17).
 func dropWhere(p correlate.Packet) string {
-	s := fmt.Sprintf(" in netns %d", p.NetNS)
-	if p.Location != "" {
-		s = " at " + p.Location + s
-	}
 	if p.Reason != "" {
-		s = ": " + p.Reason + s
+		return ": " + p.DropSite()
 	}
-	return s
+	return " " + p.DropSite()
 }
 
 // WriteSummary writes the reconciliation as text or one JSON line, in one
