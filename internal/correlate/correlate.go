@@ -454,14 +454,16 @@ func commString(b [16]byte) string {
 // retry, and forgets old state.
 func (c *Correlator) expire(now uint64) {
 	ttl := uint64(c.cfg.QueryTTL)
-	n := 0
-	for _, q := range c.ix.order {
-		if q.dead {
-			continue
+	// The log is in order of first sighting, so the expired are at its
+	// front (records from different CPUs may arrive microseconds out of
+	// order: such a query expires a tick later).
+	for c.ix.order.len() > 0 {
+		q := c.ix.order.front()
+		if !q.dead && q.sentNs+ttl > now {
+			break
 		}
-		if q.sentNs+ttl > now {
-			c.ix.order[n] = q
-			n++
+		c.ix.order.pop()
+		if q.dead {
 			continue
 		}
 		if q.state == statePending {
@@ -469,8 +471,6 @@ func (c *Correlator) expire(now uint64) {
 		}
 		c.ix.forget(q)
 	}
-	clear(c.ix.order[n:])
-	c.ix.order = c.ix.order[:n]
 	c.ix.compact()
 	for o := range c.opens {
 		if o.firstNs+ttl <= now {
@@ -485,10 +485,8 @@ func (c *Correlator) expire(now uint64) {
 }
 
 func (c *Correlator) evictOldest() {
-	for len(c.ix.order) > 0 && c.ix.byQID.len() > c.cfg.MaxQueries {
-		q := c.ix.order[0]
-		c.ix.order[0] = nil
-		c.ix.order = c.ix.order[1:]
+	for c.ix.order.len() > 0 && c.ix.byQID.len() > c.cfg.MaxQueries {
+		q := c.ix.order.pop()
 		if !q.dead {
 			c.ix.forget(q)
 			c.evicted++
@@ -503,7 +501,7 @@ func (c *Correlator) evictOldest() {
 // ns): otherwise the trace ended, not the wait. Call it once, at the end.
 func (c *Correlator) Close(now uint64) {
 	c.classifyDue(0, true)
-	for _, q := range c.ix.order {
+	for _, q := range c.ix.order.live() {
 		if q.state == statePending && !q.dead && (q.ext().replyCause != "" || now >= q.sentNs+uint64(c.cfg.ResolverTimeout)) {
 			c.markLost(q, c.unansweredLoss(q))
 		}

@@ -190,18 +190,17 @@ func (l *pendList) remove(q *query) {
 // index holds every query in flight.
 type index struct {
 	byQID table[*query]
-	socks table[*sockRecent] // by sockKey
-	names table[*nameState]  // by nameKey
-	order []*query           // by first sighting, for expiry
+	socks table[sockRecent] // by sockKey
+	names table[*nameState] // by nameKey
+	order queryLog          // by first sighting, for expiry
 	// recycled structs: following a query allocates nothing
 	free      []*query
-	freeSocks []*sockRecent
 	freeNames []*nameState
 	pending   int // queries in statePending
 }
 
 func newIndex() index {
-	return index{byQID: newTable[*query](), socks: newTable[*sockRecent](), names: newTable[*nameState]()}
+	return index{byQID: newTable[*query](), socks: newTable[sockRecent](), names: newTable[*nameState]()}
 }
 
 // alloc returns a zeroed query struct, recycled when one is free.
@@ -227,27 +226,12 @@ func (ix *index) recycle(q *query) {
 // add puts a new query into every index (q.sock and q.nk set).
 func (ix *index) add(q *query) {
 	ix.byQID.set(q.qid, q)
-	sk := uint64(q.sock)
-	r, ok := ix.socks.get(sk)
-	if !ok {
-		r = ix.newSock()
-		ix.socks.set(sk, r)
-	}
-	r.push(q)
-	ix.order = append(ix.order, q)
+	ix.socks.refOrAdd(uint64(q.sock)).push(q)
+	ix.order.push(q)
 	if q.state == statePending {
 		ix.pending++
 		ix.nameStateOf(q.nk).pend.push(q)
 	}
-}
-
-func (ix *index) newSock() *sockRecent {
-	if n := len(ix.freeSocks); n > 0 {
-		r := ix.freeSocks[n-1]
-		ix.freeSocks = ix.freeSocks[:n-1]
-		return r
-	}
-	return &sockRecent{}
 }
 
 // nameStateOf returns the state of a name in a namespace, making it.
@@ -296,8 +280,9 @@ func (ix *index) lookup(qid uint64) *query {
 // first: it serves only answers no flow expected (rare), so no index is
 // kept for it on the hot path.
 func (ix *index) byQuestion(id, qtype uint16, name uint64, t, window uint64) *query {
-	for i := len(ix.order) - 1; i >= 0; i-- {
-		q := ix.order[i]
+	live := ix.order.live()
+	for i := len(live) - 1; i >= 0; i-- {
+		q := live[i]
 		if q.sentNs+window < t {
 			break
 		}
@@ -319,8 +304,7 @@ func (ix *index) setState(q *query, s qstate) {
 
 // sockets returns the recent queries of the socket src->dst.
 func (ix *index) sockets(src, dst netip.AddrPort) *sockRecent {
-	r, _ := ix.socks.get(uint64(sockOf(src, dst)))
-	return r
+	return ix.socks.ref(uint64(sockOf(src, dst)))
 }
 
 // onSocket is the newest query remembered on the socket src->dst.
@@ -342,10 +326,8 @@ func (ix *index) forget(q *query) {
 		ix.byQID.del(q.qid)
 	}
 	sk := uint64(q.sock)
-	if r, ok := ix.socks.get(sk); ok && r.remove(q) {
+	if r := ix.socks.ref(sk); r != nil && r.remove(q) {
 		ix.socks.del(sk)
-		*r = sockRecent{}
-		ix.freeSocks = append(ix.freeSocks, r)
 	}
 	nk := q.nk
 	if s, ok := ix.names.get(uint64(nk)); ok {
@@ -362,6 +344,7 @@ func (ix *index) forget(q *query) {
 
 // compact gives memory back after a burst.
 func (ix *index) compact() {
+	ix.order.compact()
 	ix.byQID.shrink()
 	ix.socks.shrink()
 	ix.names.shrink()

@@ -166,7 +166,7 @@ func (c *Correlator) emit(inc *Incident, q *query) {
 // socket within MinRetryGap, another type, the same name; the first such
 // in order of sighting among the socket's recent queries.
 func (c *Correlator) sibling(q *query) *Sibling {
-	r, _ := c.ix.socks.get(uint64(q.sock))
+	r := c.ix.socks.ref(uint64(q.sock))
 	if r == nil {
 		return nil
 	}

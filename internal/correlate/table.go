@@ -53,6 +53,30 @@ func (t *table[V]) get(k uint64) (V, bool) {
 	}
 }
 
+// ref returns a pointer to k's value, nil if k is absent, for values kept
+// in the table itself (one cache miss, not two). It is valid until the
+// table next changes.
+func (t *table[V]) ref(k uint64) *V {
+	for i := t.slot(k); ; i = (i + 1) & t.mask() {
+		switch t.slots[i].k {
+		case k:
+			return &t.slots[i].v
+		case 0:
+			return nil
+		}
+	}
+}
+
+// refOrAdd is ref, adding k with a zero value when it is absent.
+func (t *table[V]) refOrAdd(k uint64) *V {
+	if r := t.ref(k); r != nil {
+		return r
+	}
+	var zero V
+	t.set(k, zero)
+	return t.ref(k)
+}
+
 // set inserts or replaces k's value. The table stays at most half full, so
 // probe runs stay short.
 func (t *table[V]) set(k uint64, v V) {
