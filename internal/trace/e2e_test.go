@@ -165,6 +165,12 @@ func traceScenario(t *testing.T, name string) *traced {
 	}
 	t.Logf("lab: lookups %d stalls %d timeouts %d lost %d conntrack %+v in netns %v", rep.Lookups, rep.Stalls, rep.StallTimeout, rep.LostReplies, rep.Conntrack, rep.NATNetNS)
 	t.Logf("trace: %d incidents in the lab's pods; NAT netns kernel %+v attributed %+v; events lost %d", len(tr.incidents), tr.nat.Kernel, tr.nat.Attributed, tr.sum.EventsLost)
+	if q := tr.sum.Queries; q.Evicted > 0 {
+		// The tracer follows every namespace: another DNS flood on the
+		// machine (a bench, a second test package run in parallel) can
+		// push the lab's queries out of the correlator before they end.
+		t.Logf("the correlator evicted %d of %d queries (over its cap): the counts below may miss lab queries", q.Evicted, q.Queries)
+	}
 	// Where packets were freed, with the reason: the rules' evidence,
 	// worth seeing from every kernel (5.10 has only the location).
 	freed := map[string]int{}
