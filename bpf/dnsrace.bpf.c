@@ -119,9 +119,9 @@ struct {
 	__type(value, struct flow);
 } flows SEC(".maps");
 
-/* Where an answer will be seen: the namespace and the tuple it carries
- * there (the reversed socket tuple; or the entry's reply tuple where NAT
- * ran in the asking namespace itself), and the DNS id. */
+/* Where an answer will be seen when that is not by its own flow's key
+ * reversed in the asking namespace: where NAT ran in the asking namespace
+ * itself, the answer arrives there with the entry's reply tuple. */
 struct ans_key {
 	__u32 netns;
 	struct flow_key k;
@@ -138,6 +138,23 @@ struct {
 	__type(key, struct ans_key);
 	__type(value, struct ans);
 } answers SEC(".maps");
+
+/* askers counts, per slot of namespace inode, the flows asked from the
+ * namespaces of that slot and the answers entries made there; deletes count
+ * down. LRU evictions are not seen, so a count may stay above the truth but
+ * never falls below it: a response in a namespace whose slot is 0 expects
+ * no answer, and the hops an answer crosses on its way back (the DNS
+ * server's namespace, the node) cost one array load instead of hash
+ * lookups. A slot left above 0 by evicted flows only costs that namespace
+ * the lookups every namespace paid before. */
+#define ASKER_SLOTS 4096
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ASKER_SLOTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} askers SEC(".maps");
 
 /* ---- conntrack entries (tracepoint tier) ------------------------------ */
 
@@ -378,16 +395,25 @@ struct pkt {
 	struct tuple t;
 	__u64 payload; /* kernel address of the UDP payload */
 	__u32 payload_len;
+	__u16 dns[2]; /* the payload's first 4 bytes (DNS id, flags), network order */
+	bool dns_read; /* dns holds them (read with the headers) */
 };
 
+/* The headers and the first 4 payload bytes, in one read: the DNS id and
+ * flags come with the headers (a second helper call saved per DNS packet
+ * at every hook). The 4 bytes may lie past a short datagram's end; they
+ * are used only when the payload holds a DNS header, and the read stays
+ * inside the skb's buffer (skb_shared_info follows the data). */
 struct ip4udp {
 	struct iphdr ip;
 	struct udphdr udp;
+	__u16 dns[2];
 };
 
 struct ip6udp {
 	struct ipv6hdr ip;
 	struct udphdr udp;
+	__u16 dns[2];
 };
 
 /* parse_skb reads the IPv4/IPv6 and UDP headers at skb->head +
@@ -435,6 +461,8 @@ static __always_inline bool parse_skb(struct sk_buff *skb, struct pkt *p, bool b
 		uh = h.udp;
 		if (h.ip.ihl != 5 && bpf_probe_read_kernel(&uh, sizeof(uh), l4))
 			return false;
+		p->dns_read = h.ip.ihl == 5;
+		__builtin_memcpy(p->dns, h.dns, sizeof(p->dns));
 		__builtin_memcpy(p->t.saddr, &h.ip.saddr, 4);
 		__builtin_memcpy(p->t.daddr, &h.ip.daddr, 4);
 		p->t.family = 4;
@@ -446,6 +474,8 @@ static __always_inline bool parse_skb(struct sk_buff *skb, struct pkt *p, bool b
 			return false;
 		l4 = ip + sizeof(h.ip);
 		uh = h.udp;
+		p->dns_read = true;
+		__builtin_memcpy(p->dns, h.dns, sizeof(p->dns));
 		__builtin_memcpy(p->t.saddr, &h.ip.saddr, 16);
 		__builtin_memcpy(p->t.daddr, &h.ip.daddr, 16);
 		p->t.family = 6;
@@ -470,8 +500,26 @@ static __always_inline bool parse_skb(struct sk_buff *skb, struct pkt *p, bool b
 	return true;
 }
 
-static __always_inline __u32 skb_netns(struct sk_buff *skb, struct sock *sk)
+/* skb_netns: the namespace of the skb's device, else of its socket or sk.
+ * With btf (tp_btf programs: typed pointers) the chain is direct loads
+ * (faulting reads the verifier checks): the helper reads they replace cost
+ * more than a non-DNS packet's whole early exit (kernel.bpf_stats_enabled). */
+static __always_inline __u32 skb_netns(struct sk_buff *skb, struct sock *sk, bool btf)
 {
+	if (btf) {
+		/* nd_net and skc_net are RCU pointers: checked, not assumed */
+		struct net *net = NULL;
+		struct net_device *dev = skb->dev;
+		if (dev)
+			net = dev->nd_net.net;
+		struct sock *own = skb->sk;
+		barrier_var(own); /* one load: the checked pointer is the one used */
+		if (!net && own)
+			net = own->__sk_common.skc_net.net;
+		if (!net && sk)
+			net = sk->__sk_common.skc_net.net;
+		return net ? net->ns.inum : 0;
+	}
 	__u32 inum = BPF_CORE_READ(skb, dev, nd_net.net, ns.inum);
 	if (!inum)
 		inum = BPF_CORE_READ(skb, sk, __sk_common.skc_net.net, ns.inum);
@@ -542,8 +590,8 @@ struct seen {
 
 static __always_inline bool read_dns_hdr(struct seen *s)
 {
-	__u16 h[2];
-	if (s->p.payload_len < 12 || bpf_probe_read_kernel(h, sizeof(h), (void *)s->p.payload))
+	__u16 h[2] = {s->p.dns[0], s->p.dns[1]};
+	if (s->p.payload_len < 12 || (!s->p.dns_read && bpf_probe_read_kernel(h, sizeof(h), (void *)s->p.payload)))
 		return false;
 	s->id = bpf_ntohs(h[0]);
 	s->flags = bpf_ntohs(h[1]);
@@ -588,11 +636,13 @@ static __always_inline void query_key(struct flow_key *k, const struct seen *s)
 }
 
 /* lookup_flow finds the flow of k, or of k without a source address (a
- * socket that had none at send). */
+ * socket that had none at send: only the send hooks of the fentry and
+ * kprobe tiers start such flows, so the tracepoint tier, track_cts, never
+ * pays the second lookup). */
 static __always_inline struct flow *lookup_flow(struct flow_key *k)
 {
 	struct flow *f = bpf_map_lookup_elem(&flows, k);
-	if (f)
+	if (f || track_cts)
 		return f;
 	struct flow_key z = *k;
 	__builtin_memset(z.saddr, 0, 16);
@@ -628,24 +678,44 @@ static __always_inline void emit_query(__u64 qid, __u32 netns, const struct tupl
 	output(b, sizeof(b->r) + len);
 }
 
-/* new_flow starts a flow: the flow, where its answer will be seen (the
- * asking namespace, the reversed tuple), and the QUERY record. */
+static __always_inline __u32 *askers_of(__u32 netns)
+{
+	__u32 i = netns & (ASKER_SLOTS - 1);
+	return bpf_map_lookup_elem(&askers, &i);
+}
+
+/* count_asker adds d to netns's askers slot: +1 before an entry is made (a
+ * response seen meanwhile finds no entry either way), -1 only after this
+ * program deleted one. */
+static __always_inline void count_asker(__u32 netns, __s32 d)
+{
+	__u32 *n = askers_of(netns);
+	if (n)
+		__sync_fetch_and_add(n, d);
+}
+
+static __always_inline void expect_answer(struct ans_key *ak, struct ans *a)
+{
+	count_asker(ak->netns, 1);
+	bpf_map_update_elem(&answers, ak, a, BPF_ANY);
+}
+
+static __always_inline void forget_answer(struct ans_key *ak)
+{
+	if (!bpf_map_delete_elem(&answers, ak))
+		count_asker(ak->netns, -1);
+}
+
+/* new_flow starts a flow (counted in its asking namespace's askers slot)
+ * and sends the QUERY record. Its answer is found by its key reversed. */
 static __always_inline __u64 new_flow(struct flow_key *k, __u64 skb, __u32 netns, __u64 payload, __u32 len,
 				      bool user, __u8 tier, __u8 flags)
 {
 	__u64 qid = new_qid();
 	struct flow f = {.qid = qid, .ts = bpf_ktime_get_ns(), .skb = skb, .netns = netns};
+	count_asker(netns, 1);
 	bpf_map_update_elem(&flows, k, &f, BPF_ANY);
 	stat_inc(STAT_FLOWS_NEW);
-	struct ans_key ak = {.netns = netns};
-	__builtin_memcpy(ak.k.saddr, k->daddr, 16);
-	__builtin_memcpy(ak.k.daddr, k->saddr, 16);
-	ak.k.sport = k->dport;
-	ak.k.dport = k->sport;
-	ak.k.id = k->id;
-	ak.k.family = k->family;
-	struct ans a = {.qid = qid, .fk = *k};
-	bpf_map_update_elem(&answers, &ak, &a, BPF_ANY);
 	struct tuple t = {.sport = k->sport, .dport = k->dport, .family = k->family, .proto = IPPROTO_UDP};
 	__builtin_memcpy(t.saddr, k->saddr, 16);
 	__builtin_memcpy(t.daddr, k->daddr, 16);
@@ -675,38 +745,74 @@ static __always_inline __u64 track_query(struct sk_buff *skb, struct seen *s, st
 	return new_flow(k, (__u64)skb, s->netns, s->p.payload, s->p.payload_len, false, tier, flags);
 }
 
-/* lookup_answer finds the flow expecting a response with tuple t and DNS
- * id in netns: by the tuple it carries here, or with the destination
- * address zeroed (a socket that had no source address at send). */
-static __always_inline struct ans *lookup_answer(struct ans_key *ak, __u32 netns, const struct tuple *t, __u16 id)
+/* What lookup_answer found: the query a response answers and its flow;
+ * by_entry: found by an answers entry (keyed by the response's tuple). */
+struct found {
+	__u64 qid;
+	struct flow *f;
+	struct flow_key fk;
+	bool by_entry;
+};
+
+/* lookup_answer finds the query a response with tuple t and DNS id in
+ * netns answers: the flow asked from netns whose key is t reversed (or
+ * that key without a source address: a socket that had none at send, only
+ * in the tiers with send hooks), else an answers entry for t. */
+static __always_inline bool lookup_answer(struct found *o, __u32 netns, const struct tuple *t, __u16 id)
 {
-	ak->netns = netns;
-	key_from(&ak->k, t, id);
-	struct ans *a = bpf_map_lookup_elem(&answers, ak);
-	if (a)
-		return a;
-	__builtin_memset(ak->k.daddr, 0, 16);
-	return bpf_map_lookup_elem(&answers, ak);
+	__u32 *n = askers_of(netns);
+	if (n && !*n)
+		return false; /* nobody asks in this namespace */
+	struct flow_key *k = &o->fk;
+	__builtin_memcpy(k->saddr, t->daddr, 16);
+	__builtin_memcpy(k->daddr, t->saddr, 16);
+	k->sport = t->dport;
+	k->dport = t->sport;
+	k->id = id;
+	k->family = t->family;
+	k->_pad = 0;
+	struct flow *f = bpf_map_lookup_elem(&flows, k);
+	if (!f && !track_cts) {
+		__builtin_memset(k->saddr, 0, 16);
+		f = bpf_map_lookup_elem(&flows, k);
+	}
+	if (f && f->netns == netns) {
+		o->qid = f->qid;
+		o->f = f;
+		o->by_entry = false;
+		return true;
+	}
+	struct ans_key ak = {.netns = netns};
+	key_from(&ak.k, t, id);
+	struct ans *a = bpf_map_lookup_elem(&answers, &ak);
+	if (!a)
+		return false;
+	o->qid = a->qid;
+	o->fk = a->fk;
+	o->f = bpf_map_lookup_elem(&flows, &o->fk);
+	o->by_entry = true;
+	return true;
 }
 
 /* answer sends the ANSWER record when a response is where its query's
  * asker will see it, and ends the flow. */
 static __always_inline bool answer(struct seen *s, const struct tuple *t, __u8 tier)
 {
-	struct ans_key ak;
-	struct ans *a = lookup_answer(&ak, s->netns, t, s->id);
-	if (!a)
+	struct found o;
+	if (!lookup_answer(&o, s->netns, t, s->id))
 		return false;
-	__u64 qid = a->qid;
-	struct flow_key fk = a->fk;
-	struct flow *f = bpf_map_lookup_elem(&flows, &fk);
-	bpf_map_delete_elem(&answers, &ak);
-	if (!f || f->qid != qid)
+	if (o.by_entry) {
+		struct ans_key ak = {.netns = s->netns};
+		key_from(&ak.k, t, s->id);
+		forget_answer(&ak);
+	}
+	if (!o.f || o.f->qid != o.qid)
 		return false; /* answered already, through its other key */
-	bpf_map_delete_elem(&flows, &fk);
+	if (!bpf_map_delete_elem(&flows, &o.fk))
+		count_asker(s->netns, -1); /* o.f->netns: lookup_answer checked */
 	stat_inc(STAT_FLOWS_ANSWERED);
 	struct rec_answer r = {};
-	fill_hdr(&r.h, REC_ANSWER, tier, qid, s->netns);
+	fill_hdr(&r.h, REC_ANSWER, tier, o.qid, s->netns);
 	r.dns_flags = s->flags;
 	output(&r, sizeof(r));
 	return true;
@@ -833,7 +939,7 @@ static __always_inline void expect_at_reply(struct seen *s, __u64 qid, const str
 	key_from(&ak.k, reply, s->id);
 	struct ans a = {.qid = qid};
 	query_key(&a.fk, s);
-	bpf_map_update_elem(&answers, &ak, &a, BPF_ANY);
+	expect_answer(&ak, &a);
 	if (!port_in(reply->sport)) {
 		__u32 w = reply->sport >> 6;
 		__u64 *bits = bpf_map_lookup_elem(&reply_ports, &w);
@@ -924,7 +1030,7 @@ static __always_inline int device(struct sk_buff *skb, bool egress)
 	}
 	if (!read_dns_hdr(&s))
 		return 0;
-	s.netns = skb_netns(skb, NULL);
+	s.netns = skb_netns(skb, NULL, true);
 	if (!netns_match(s.netns))
 		return 0;
 	if (s.response) {
@@ -961,7 +1067,7 @@ int BPF_PROG(tp_skb_copy_datagram_iovec, struct sk_buff *skb, int len)
 	struct seen s = {};
 	if (!parse_skb(skb, &s.p, true) || !dns_ports(&s.p.t) || !read_dns_hdr(&s) || !s.response)
 		return 0;
-	s.netns = skb_netns(skb, NULL);
+	s.netns = skb_netns(skb, NULL, true);
 	if (netns_match(s.netns))
 		answer(&s, &s.p.t, TIER_TRACEPOINT);
 	return 0;
@@ -980,7 +1086,7 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 	struct seen s = {};
 	if (!dns_packet(skb, &s, true))
 		return 0;
-	s.netns = skb_netns(skb, rx_sk);
+	s.netns = skb_netns(skb, rx_sk, true);
 	if (!netns_match(s.netns))
 		return 0;
 	__u64 qid = 0;
@@ -988,10 +1094,9 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 	__u8 flags = 0;
 	if (s.response) {
 		flags = RF_RESPONSE;
-		struct ans_key ak;
-		struct ans *a = lookup_answer(&ak, s.netns, &s.p.t, s.id);
-		if (a) {
-			qid = a->qid;
+		struct found o;
+		if (lookup_answer(&o, s.netns, &s.p.t, s.id)) {
+			qid = o.qid;
 		} else if (s.ct && s.ctinfo >= IP_CT_IS_REPLY) {
 			struct flow_key k;
 			key_from(&k, &s.orig, s.id);
@@ -1080,16 +1185,14 @@ static __always_inline int rcvbuf_full(struct sk_buff *skb, struct sock *sk)
 	s.netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
 	if (!netns_match(s.netns))
 		return 0;
-	struct ans_key ak = {.netns = s.netns};
-	key_from(&ak.k, &s.p.t, s.id);
-	struct ans *a = bpf_map_lookup_elem(&answers, &ak);
+	struct found o;
+	__u64 qid = lookup_answer(&o, s.netns, &s.p.t, s.id) ? o.qid : 0;
 	struct event_buf *b = event_buf();
 	if (!b)
 		return 0;
 	b->r.flags = RF_RESPONSE;
 	b->r.pkt = s.p.t;
-	emit_event(b, EV_RCVBUF_FULL, TIER_TRACEPOINT, a ? a->qid : 0, s.netns, s.p.payload,
-		   a ? 0 : s.p.payload_len);
+	emit_event(b, EV_RCVBUF_FULL, TIER_TRACEPOINT, qid, s.netns, s.p.payload, qid ? 0 : s.p.payload_len);
 	return 0;
 }
 
@@ -1218,7 +1321,7 @@ static __always_inline bool confirm_enter(struct pending_confirm *pc, struct sk_
 	struct seen s = {};
 	if (!dns_packet(skb, &s, false) || !s.ct || s.response)
 		return false;
-	s.netns = skb_netns(skb, NULL);
+	s.netns = skb_netns(skb, NULL, false);
 	if (!netns_match(s.netns))
 		return false;
 	announce_netns(s.netns, tier);

@@ -364,6 +364,7 @@ const (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	DnsraceMapAnswers                 = "answers"
+	DnsraceMapAskers                  = "askers"
 	DnsraceMapClashSlot               = "clash_slot"
 	DnsraceMapConfirmEntry            = "confirm_entry"
 	DnsraceMapConfirmScratch          = "confirm_scratch"
@@ -486,6 +487,7 @@ type DnsraceProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type DnsraceMapSpecs struct {
 	Answers        *ebpf.MapSpec `ebpf:"answers"`
+	Askers         *ebpf.MapSpec `ebpf:"askers"`
 	ClashSlot      *ebpf.MapSpec `ebpf:"clash_slot"`
 	ConfirmEntry   *ebpf.MapSpec `ebpf:"confirm_entry"`
 	ConfirmScratch *ebpf.MapSpec `ebpf:"confirm_scratch"`
@@ -542,6 +544,7 @@ func (o *DnsraceObjects) Close() error {
 // It can be passed to LoadDnsraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type DnsraceMaps struct {
 	Answers        *ebpf.Map `ebpf:"answers"`
+	Askers         *ebpf.Map `ebpf:"askers"`
 	ClashSlot      *ebpf.Map `ebpf:"clash_slot"`
 	ConfirmEntry   *ebpf.Map `ebpf:"confirm_entry"`
 	ConfirmScratch *ebpf.Map `ebpf:"confirm_scratch"`
@@ -563,6 +566,7 @@ type DnsraceMaps struct {
 func (m *DnsraceMaps) Close() error {
 	return _DnsraceClose(
 		m.Answers,
+		m.Askers,
 		m.ClashSlot,
 		m.ConfirmEntry,
 		m.ConfirmScratch,
