@@ -63,6 +63,10 @@ type Config struct {
 	Attach string
 	// TracerArgs are more arguments for the tracer.
 	TracerArgs []string
+	// ProgStats turns on the kernel's BPF run-time accounting during the
+	// traced floods and reports the time each of the tracer's programs
+	// took (the accounting adds two clock reads to every program run).
+	ProgStats bool
 	// Log receives progress lines (nil: discarded).
 	Log io.Writer
 }
@@ -143,6 +147,10 @@ type CaseResult struct {
 	Answered        uint64  `json:"queries_answered,omitempty"`
 	RecordsPerQuery float64 `json:"records_per_answered_query,omitempty"`
 	BytesPerQuery   float64 `json:"bytes_per_answered_query,omitempty"`
+	// With Config.ProgStats: the tracer's programs over the traced rounds,
+	// and their time per packet (query, loop) counted.
+	Programs     []ProgStat `json:"bpf_programs,omitempty"`
+	KernelNsUnit float64    `json:"kernel_ns_per_unit,omitempty"`
 }
 
 // Step is one rate of the capacity search: paced DNS queries from pod0
@@ -166,6 +174,10 @@ type Step struct {
 	// Reached is false when the generator could not send the rate (the
 	// machine ran out of CPU before the tracer lost anything).
 	Reached bool `json:"reached"`
+	// With Config.ProgStats: the tracer's programs, and their time per
+	// answered query.
+	Programs       []ProgStat `json:"bpf_programs,omitempty"`
+	KernelNsPerQry float64    `json:"kernel_ns_per_answered_query,omitempty"`
 }
 
 // Result is a whole run.
@@ -310,6 +322,7 @@ type measured struct {
 	rss, hwm  uint64
 	sum       *TraceSummary
 	incidents int
+	progs     []ProgStat
 }
 
 // once runs one flood against s (or, with s nil, the case's system call
@@ -330,7 +343,18 @@ func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, tra
 	}
 	time.Sleep(200 * time.Millisecond) // settle
 	var cpu0 time.Duration
+	var progs0 progCounts
 	if tp != nil {
+		if h.cfg.ProgStats {
+			stats, err := enableProgStats()
+			if err != nil {
+				return m, err
+			}
+			defer stats.Close()
+			if progs0, err = readProgCounts(); err != nil {
+				return m, err
+			}
+		}
 		cpu0, _ = procCPU(tp.pid())
 	}
 	t0 := time.Now()
@@ -353,6 +377,13 @@ func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, tra
 	}
 	if tp != nil {
 		cpu1, _ := procCPU(tp.pid())
+		if progs0 != nil {
+			progs1, err := readProgCounts()
+			if err != nil {
+				return m, err
+			}
+			m.progs = progDelta(progs0, progs1)
+		}
 		m.cpu, m.cpuSecs = cpu1-cpu0, time.Since(t0).Seconds()
 		m.rss, m.hwm, _ = procMem(tp.pid())
 		sum, inc, err := tp.stop()
@@ -412,6 +443,7 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 				r.EventBytes += m.sum.EventBytes
 				r.EventsLost += m.sum.EventsLost
 				r.Answered += m.sum.Queries.Answered
+				r.Programs = addProgs(r.Programs, m.progs)
 			} else {
 				r.UntracedPPS = append(r.UntracedPPS, pps)
 				un += float64(m.received)
@@ -427,6 +459,9 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 	}
 	if cpuS > 0 {
 		r.TracerCPU = cpu / cpuS
+	}
+	if tr > 0 && len(r.Programs) > 0 {
+		r.KernelNsUnit = float64(progTime(r.Programs)) / tr
 	}
 	if r.Answered > 0 {
 		r.RecordsPerQuery = float64(r.Events) / float64(r.Answered)
@@ -460,6 +495,9 @@ func (h *harness) step(ctx context.Context, rate int) (Step, error) {
 	st.TracerCPU = m.cpu.Seconds() / m.cpuSecs
 	st.RSS, st.PeakRSS = m.rss, m.hwm
 	st.Reached = st.Sent >= 0.95*float64(rate)
+	if st.Programs = m.progs; st.Answered > 0 && len(m.progs) > 0 {
+		st.KernelNsPerQry = float64(progTime(m.progs)) / float64(st.Answered)
+	}
 	h.logf("  capacity %7d/s: sent %.0f/s, received %.0f/s, answers %.0f/s, events %d (%.0f/s), lost %d, tracer %.2f cores, RSS %.1f MB",
 		rate, st.Sent, st.Received, st.Answers, st.Events, st.EventsPS, st.Lost, st.TracerCPU, float64(st.RSS)/1e6)
 	return st, nil
@@ -486,6 +524,11 @@ func WriteText(w io.Writer, r *Result) {
 				c.Name, c.Untraced, c.Traced, ratio, c.Target, mark, c.TracerCPU, c.Events, c.EventsLost, perQ)
 		}
 		fmt.Fprintln(w, "(a case whose traced rounds lost records has no ratio: the tracer shed work)")
+		for _, c := range r.Cases {
+			if l := caseProgLine(c); l != "" {
+				fmt.Fprintf(w, "%-13s %s\n", c.Name, l)
+			}
+		}
 		fmt.Fprintln(w)
 	}
 	if len(r.Capacity) > 0 {
@@ -495,6 +538,11 @@ func WriteText(w io.Writer, r *Result) {
 				s.Rate, s.Sent, s.Received, s.Answers, s.EventsPS, s.Lost, s.Queries, s.TracerCPU, float64(s.RSS)/1e6)
 		}
 		fmt.Fprintf(w, "highest rate traced with zero lost records: %d queries/s\n", r.MaxZeroLoss)
+		for _, s := range r.Capacity {
+			if l := progLine(s.Programs, float64(s.Answered), "answered query"); l != "" {
+				fmt.Fprintf(w, "%9d %s\n", s.Rate, l)
+			}
+		}
 	}
 }
 

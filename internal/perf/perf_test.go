@@ -53,3 +53,26 @@ func TestMemorySmall(t *testing.T) {
 		t.Errorf("in flight %d, evicted %d; want 1000, 4000", r.InFlight, r.Evicted)
 	}
 }
+
+func TestProgDelta(t *testing.T) {
+	before := progCounts{1: {Name: "tp_a", Runs: 10, RunTimeNs: 1000}, 2: {Name: "tp_b", Runs: 5, RunTimeNs: 500}}
+	// tp_a ran 20 more times; a second tp_a (another variant) was loaded
+	// meanwhile and ran 10 times; tp_b did not run.
+	after := progCounts{1: {Name: "tp_a", Runs: 30, RunTimeNs: 5000}, 2: {Name: "tp_b", Runs: 5, RunTimeNs: 500},
+		3: {Name: "tp_a", Runs: 10, RunTimeNs: 1000, Recursion: 2}}
+	d := progDelta(before, after)
+	if len(d) != 1 || d[0].Name != "tp_a" || d[0].Runs != 30 || d[0].RunTimeNs != 5000 || d[0].Recursion != 2 {
+		t.Fatalf("delta %+v, want tp_a alone: 30 runs, 5000 ns, 2 recursion misses", d)
+	}
+	sum := addProgs(addProgs(nil, d), []ProgStat{{Name: "tp_a", Runs: 10, RunTimeNs: 1000}, {Name: "tp_c", Runs: 1, RunTimeNs: 9000}})
+	if len(sum) != 2 || sum[0].Name != "tp_c" || sum[1].Runs != 40 || sum[1].NsPerRun != 150 {
+		t.Fatalf("sum %+v, want tp_c first (most time), then tp_a with 40 runs at 150 ns", sum)
+	}
+	want := "kernel 1500 ns per query: tp_c 9000 ns x 0.10, tp_a 150 ns x 4.00 (2 recursion misses)"
+	if got := progLine(sum, 10, "query"); got != want {
+		t.Errorf("progLine:\n got %q\nwant %q", got, want)
+	}
+	if got := progLine(nil, 10, "query"); got != "" {
+		t.Errorf("no programs: %q", got)
+	}
+}
