@@ -617,12 +617,14 @@ static __always_inline bool dns_packet(struct sk_buff *skb, struct seen *s, bool
 	return read_dns_hdr(s);
 }
 
-static __always_inline void key_from(struct flow_key *k, const struct tuple *t, __u16 id)
+/* key_from: the flow key of tuple t with DNS id id; reversed, the key of
+ * the flow a response with tuple t answers. */
+static __always_inline void key_from(struct flow_key *k, const struct tuple *t, __u16 id, bool reversed)
 {
-	__builtin_memcpy(k->saddr, t->saddr, 16);
-	__builtin_memcpy(k->daddr, t->daddr, 16);
-	k->sport = t->sport;
-	k->dport = t->dport;
+	__builtin_memcpy(k->saddr, reversed ? t->daddr : t->saddr, 16);
+	__builtin_memcpy(k->daddr, reversed ? t->saddr : t->daddr, 16);
+	k->sport = reversed ? t->dport : t->sport;
+	k->dport = reversed ? t->sport : t->dport;
 	k->id = id;
 	k->family = t->family;
 	k->_pad = 0;
@@ -632,7 +634,7 @@ static __always_inline void key_from(struct flow_key *k, const struct tuple *t, 
  * else its header. */
 static __always_inline void query_key(struct flow_key *k, const struct seen *s)
 {
-	key_from(k, s->ct ? &s->orig : &s->p.t, s->id);
+	key_from(k, s->ct ? &s->orig : &s->p.t, s->id, false);
 }
 
 /* lookup_flow finds the flow of k, or of k without a source address (a
@@ -764,13 +766,7 @@ static __always_inline bool lookup_answer(struct found *o, __u32 netns, const st
 	if (n && !*n)
 		return false; /* nobody asks in this namespace */
 	struct flow_key *k = &o->fk;
-	__builtin_memcpy(k->saddr, t->daddr, 16);
-	__builtin_memcpy(k->daddr, t->saddr, 16);
-	k->sport = t->dport;
-	k->dport = t->sport;
-	k->id = id;
-	k->family = t->family;
-	k->_pad = 0;
+	key_from(k, t, id, true);
 	struct flow *f = bpf_map_lookup_elem(&flows, k);
 	if (!f && !track_cts) {
 		__builtin_memset(k->saddr, 0, 16);
@@ -783,7 +779,7 @@ static __always_inline bool lookup_answer(struct found *o, __u32 netns, const st
 		return true;
 	}
 	struct ans_key ak = {.netns = netns};
-	key_from(&ak.k, t, id);
+	key_from(&ak.k, t, id, false);
 	struct ans *a = bpf_map_lookup_elem(&answers, &ak);
 	if (!a)
 		return false;
@@ -803,7 +799,7 @@ static __always_inline bool answer(struct seen *s, const struct tuple *t, __u8 t
 		return false;
 	if (o.by_entry) {
 		struct ans_key ak = {.netns = s->netns};
-		key_from(&ak.k, t, s->id);
+		key_from(&ak.k, t, s->id, false);
 		forget_answer(&ak);
 	}
 	if (!o.f || o.f->qid != o.qid)
@@ -936,7 +932,7 @@ static __always_inline void resolve_late(__u32 netns, __u32 dir, const struct tu
 static __always_inline void expect_at_reply(struct seen *s, __u64 qid, const struct tuple *reply)
 {
 	struct ans_key ak = {.netns = s->netns};
-	key_from(&ak.k, reply, s->id);
+	key_from(&ak.k, reply, s->id, false);
 	struct ans a = {.qid = qid};
 	query_key(&a.fk, s);
 	expect_answer(&ak, &a);
@@ -1099,7 +1095,7 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 			qid = o.qid;
 		} else if (s.ct && s.ctinfo >= IP_CT_IS_REPLY) {
 			struct flow_key k;
-			key_from(&k, &s.orig, s.id);
+			key_from(&k, &s.orig, s.id, false);
 			struct flow *f = lookup_flow(&k);
 			if (f)
 				qid = f->qid;
@@ -1638,7 +1634,7 @@ static __always_inline int send(struct sock *sk, struct msghdr *msg, __u8 tier, 
 	if (bpf_ntohs(h[1]) & 0x8000)
 		return 0; /* a response (a DNS server's send) */
 	struct flow_key k;
-	key_from(&k, &t, bpf_ntohs(h[0]));
+	key_from(&k, &t, bpf_ntohs(h[0]), false);
 	new_flow(&k, 0, netns, base, avail > DNS_CAP ? DNS_CAP : avail, true, tier, 0);
 	return 0;
 }
