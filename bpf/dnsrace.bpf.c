@@ -7,9 +7,11 @@
  * (tracepoint tier). From then on it is a flow in the `flows` map, keyed by
  * the asking socket's 5-tuple and the DNS id, and every later hook finds it
  * through the packet's conntrack *original* tuple (which NAT never
- * rewrites), never by the rewritten header. Its answer is found in the
- * `answers` map by the tuple it will carry where it reaches the asking
- * namespace. User space gets a QUERY record at first sight, an ANSWER
+ * rewrites), never by the rewritten header. Its answer is found by the
+ * flow's key reversed, in the namespace that asked (and where NAT ran in
+ * that namespace itself, by the entry's reply tuple in the `answers` map);
+ * namespaces nobody asks from are passed by on one array load (`askers`).
+ * User space gets a QUERY record at first sight, an ANSWER
  * record when the answer arrives, and an EVENT record only when something
  * happens that it must explain (a drop, a confirm verdict, a clash, a freed
  * unconfirmed entry). Hops that change nothing send nothing.
