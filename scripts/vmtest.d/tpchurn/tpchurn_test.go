@@ -7,7 +7,9 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -161,7 +163,7 @@ func pairRound(w, i int) (int, error) {
 	defer hb.Close()
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "tpa"}, PeerName: "tpb", PeerNamespace: netlink.NsFd(b)}
 	if err := ha.LinkAdd(veth); err != nil {
-		return 0, fmt.Errorf("adding the veth pair: %w", err)
+		return 0, fmt.Errorf("adding the veth pair: %w (%s)", err, fdState(map[string]int{"namespace a": int(a), "namespace b": int(b)}))
 	}
 	addrA, addrB := net.IPv4(10, 99, 0, 1), net.IPv4(10, 99, 0, 2)
 	for _, s := range []struct {
@@ -227,4 +229,20 @@ func conntrackOn(ns netns.NsHandle, hook *nftables.ChainHook) error {
 		return fmt.Errorf("installing the conntrack rule: %w", err)
 	}
 	return nil
+}
+
+// fdState says what the given file descriptors are now: an EBADF from a
+// request that names one (the veth peer's namespace) means it was closed
+// under the test, by a double close somewhere in the process.
+func fdState(fds map[string]int) string {
+	var parts []string
+	for name, fd := range fds {
+		target, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+		if err != nil {
+			target = "closed"
+		}
+		parts = append(parts, fmt.Sprintf("%s: fd %d -> %s", name, fd, target))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
 }
