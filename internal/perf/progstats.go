@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -94,52 +95,27 @@ func readProgCounts() (progCounts, error) {
 // progDelta is what ran between two readings, by program name (a name
 // with several variants loaded sums them), busiest first.
 func progDelta(before, after progCounts) []ProgStat {
-	byName := map[string]*ProgStat{}
+	var d []ProgStat
 	for id, a := range after {
 		b := before[id]
-		s := byName[a.Name]
-		if s == nil {
-			s = &ProgStat{Name: a.Name}
-			byName[a.Name] = s
-		}
-		s.Runs += a.Runs - b.Runs
-		s.RunTimeNs += a.RunTimeNs - b.RunTimeNs
-		s.Recursion += a.Recursion - b.Recursion
+		d = append(d, ProgStat{Name: a.Name, Runs: a.Runs - b.Runs, RunTimeNs: a.RunTimeNs - b.RunTimeNs, Recursion: a.Recursion - b.Recursion})
 	}
-	var out []ProgStat
-	for _, s := range byName {
-		if s.Runs == 0 && s.Recursion == 0 {
-			continue
-		}
-		if s.Runs > 0 {
-			s.NsPerRun = float64(s.RunTimeNs) / float64(s.Runs)
-		}
-		out = append(out, *s)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].RunTimeNs > out[j].RunTimeNs })
-	return out
+	return slices.DeleteFunc(addProgs(nil, d), func(s ProgStat) bool { return s.Runs == 0 && s.Recursion == 0 })
 }
 
-// addProgs sums b into a, by name.
+// addProgs sums b into a, by name, busiest first.
 func addProgs(a, b []ProgStat) []ProgStat {
 	for _, s := range b {
-		found := false
-		for i := range a {
-			if a[i].Name == s.Name {
-				a[i].Runs += s.Runs
-				a[i].RunTimeNs += s.RunTimeNs
-				a[i].Recursion += s.Recursion
-				if a[i].Runs > 0 {
-					a[i].NsPerRun = float64(a[i].RunTimeNs) / float64(a[i].Runs)
-				}
-				found = true
-			}
+		i := slices.IndexFunc(a, func(x ProgStat) bool { return x.Name == s.Name })
+		if i < 0 {
+			a = append(a, ProgStat{Name: s.Name})
+			i = len(a) - 1
 		}
-		if !found {
-			if s.Runs > 0 {
-				s.NsPerRun = float64(s.RunTimeNs) / float64(s.Runs)
-			}
-			a = append(a, s)
+		a[i].Runs += s.Runs
+		a[i].RunTimeNs += s.RunTimeNs
+		a[i].Recursion += s.Recursion
+		if a[i].Runs > 0 {
+			a[i].NsPerRun = float64(a[i].RunTimeNs) / float64(a[i].Runs)
 		}
 	}
 	sort.Slice(a, func(i, j int) bool { return a[i].RunTimeNs > a[j].RunTimeNs })
