@@ -26,8 +26,10 @@ type Probe struct {
 // Source gives live values at scrape time. Any func may be nil.
 type Source struct {
 	EventsLost func() uint64
-	Probes     func() []Probe
-	Conntrack  func() map[uint32]ctstats.Counters
+	// Missed: by BPF program, runs the kernel skipped (recursion misses).
+	Missed    func() map[string]uint64
+	Probes    func() []Probe
+	Conntrack func() map[uint32]ctstats.Counters
 }
 
 // Config of the metrics.
@@ -128,6 +130,7 @@ type live struct{ src Source }
 
 var (
 	descLost   = prometheus.NewDesc("dnsrace_events_lost_total", "Ring buffer records the kernel could not deliver (counted per CPU in the kernel).", nil, nil)
+	descMissed = prometheus.NewDesc("dnsrace_bpf_recursion_misses_total", "Hook calls the kernel did not run the BPF program for because a BPF program was already running on that CPU.", []string{"program"}, nil)
 	descProbes = prometheus.NewDesc("dnsrace_probes", "1 when the hook is attached at that tier, else 0.", []string{"hook", "tier"}, nil)
 	descCT     = map[string]*prometheus.Desc{}
 	ctNames    = []string{"insert_failed", "drop", "early_drop", "clash_resolve"}
@@ -142,6 +145,7 @@ func init() {
 
 func (l *live) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descLost
+	ch <- descMissed
 	ch <- descProbes
 	for _, n := range ctNames {
 		ch <- descCT[n]
@@ -151,6 +155,11 @@ func (l *live) Describe(ch chan<- *prometheus.Desc) {
 func (l *live) Collect(ch chan<- prometheus.Metric) {
 	if l.src.EventsLost != nil {
 		ch <- prometheus.MustNewConstMetric(descLost, prometheus.CounterValue, float64(l.src.EventsLost()))
+	}
+	if l.src.Missed != nil {
+		for prog, n := range l.src.Missed() {
+			ch <- prometheus.MustNewConstMetric(descMissed, prometheus.CounterValue, float64(n), prog)
+		}
 	}
 	if l.src.Probes != nil {
 		for _, p := range l.src.Probes() {

@@ -48,6 +48,7 @@ func inc(cause, race, ns, pod string, stallMs float64) *correlate.Incident {
 func TestMetrics(t *testing.T) {
 	m := metrics.New(metrics.Config{PodLabels: true, MaxPods: 2}, metrics.Source{
 		EventsLost: func() uint64 { return 3 },
+		Missed:     func() map[string]uint64 { return map[string]uint64{"tp_kmem_cache_free": 2, "tp_kfree_skb": 0} },
 		Probes: func() []metrics.Probe {
 			return []metrics.Probe{{Hook: "nf_conntrack_confirm", Tier: "tracepoint", Attached: true}, {Hook: "udp_sendmsg", Tier: "fentry"}}
 		},
@@ -76,6 +77,8 @@ func TestMetrics(t *testing.T) {
 		`dnsrace_stall_seconds_bucket{le="5.1"}`:                                            3,
 		`dnsrace_stall_seconds_bucket{le="4.9"}`:                                            1,
 		`dnsrace_events_lost_total`:                                                         3,
+		`dnsrace_bpf_recursion_misses_total{program="tp_kmem_cache_free"}`:                  2,
+		`dnsrace_bpf_recursion_misses_total{program="tp_kfree_skb"}`:                        0,
 		`dnsrace_probes{hook="nf_conntrack_confirm",tier="tracepoint"}`:                     1,
 		`dnsrace_probes{hook="udp_sendmsg",tier="fentry"}`:                                  0,
 		`dnsrace_conntrack_insert_failed_total{netns="4026532177"}`:                         28,

@@ -642,6 +642,27 @@ func (t *Tracer) Stats() Stats {
 // the ring buffer was full (the sum of the per-CPU counters).
 func (t *Tracer) Lost() uint64 { return t.Stats().Lost }
 
+// Missed returns, by program name, the runs the kernel skipped because a
+// BPF program was already running on that CPU (the program's
+// recursion_misses): hook calls no record could come from. Every loaded
+// program is there, from 0. The kernel counts them for fentry since 5.12, for
+// tracepoints since 6.2 and for kprobes since 6.7; before that they stay
+// 0. Reading is one bpf(2) call per program, whatever
+// kernel.bpf_stats_enabled says.
+func (t *Tracer) Missed() (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for _, c := range t.colls {
+		for name, p := range c.Programs {
+			st, err := p.Stats()
+			if err != nil {
+				return nil, fmt.Errorf("reading the statistics of %s: %w", name, err)
+			}
+			out[name] += st.RecursionMisses
+		}
+	}
+	return out, nil
+}
+
 // FlowsLive counts the flows in the kernel's map now: queries not yet
 // answered and not yet evicted. It walks the map: call it rarely.
 func (t *Tracer) FlowsLive() uint64 {

@@ -18,6 +18,12 @@ func MetricsSource(live *atomic.Pointer[Session]) metrics.Source {
 			}
 			return 0
 		},
+		Missed: func() map[string]uint64 {
+			if s := live.Load(); s != nil {
+				return s.Missed()
+			}
+			return nil
+		},
 		Probes: func() []metrics.Probe {
 			s := live.Load()
 			if s == nil {

@@ -78,10 +78,11 @@ type Session struct {
 
 	stopOnce sync.Once
 	summary  *Summary
-	// closed: the tracer is closed; lostAtStop is the kernel's lost count
-	// read just before (its counter went with the programs).
-	closed     atomic.Bool
-	lostAtStop atomic.Uint64
+	// closed: the tracer is closed; lostAtStop and missedAtStop are the
+	// kernel's counts read just before (they went with the programs).
+	closed       atomic.Bool
+	lostAtStop   atomic.Uint64
+	missedAtStop atomic.Pointer[map[string]uint64]
 }
 
 // snapshot is the reader's state as of its last tick, for everyone else.
@@ -253,6 +254,21 @@ func (s *Session) lost() uint64 {
 	return s.tracer.Lost()
 }
 
+// Missed is, by program, the runs of dnsrace's programs the kernel
+// skipped because another BPF program was running on that CPU (every
+// program while tracing, only those with misses after Stop; nil if the
+// kernel would not say).
+func (s *Session) Missed() map[string]uint64 {
+	if s.closed.Load() {
+		return *s.missedAtStop.Load()
+	}
+	m, err := s.tracer.Missed()
+	if err != nil {
+		return nil
+	}
+	return m
+}
+
 // Conntrack reads, now, the kernel's conntrack counters of every namespace
 // where DNS flows were seen tracked, as deltas since that namespace's
 // baseline (empty after Stop).
@@ -289,6 +305,11 @@ type Summary struct {
 	// PcapErrors counts incidents --pcap could not write (set by the
 	// caller that owns the pcap file).
 	PcapErrors uint64 `json:"pcap_write_errors"`
+	// RecursionMisses are, by program, the runs the kernel skipped because
+	// another BPF program was running on that CPU: hook calls dnsrace never
+	// saw (only programs with misses; see probe.Tracer.Missed for which
+	// kernels count them).
+	RecursionMisses map[string]uint64 `json:"recursion_misses"`
 }
 
 // KernelFlows are the kernel side's counts of the flows it followed: every
@@ -358,6 +379,7 @@ func (s *Session) Stop() *Summary {
 		}
 		sum.KernelFlows = kf
 		s.lostAtStop.Store(sum.EventsLost)
+		s.missedAtStop.Store(&sum.RecursionMisses)
 		s.closed.Store(true)
 		s.ns.close()
 		_ = s.tracer.Close()
@@ -389,6 +411,16 @@ func (s *Session) reconcile(typ string, sn *snapshot, lost uint64) *Summary {
 		Type: typ, DurationS: time.Since(s.started).Seconds(), Incidents: map[string]int{},
 		Events: s.events.Load(), EventBytes: s.tracer.Bytes(), EventsLost: lost, Malformed: s.tracer.Malformed(),
 		Queries: sn.stats, Probes: ProbeSummaries(s.tracer.Probes()), Mismatch: []string{},
+	}
+	sum.RecursionMisses = map[string]uint64{}
+	missed, err := s.tracer.Missed()
+	if err != nil {
+		sum.Mismatch = append(sum.Mismatch, err.Error())
+	}
+	for name, n := range missed {
+		if n > 0 {
+			sum.RecursionMisses[name] = n
+		}
 	}
 	for _, c := range correlate.Causes {
 		sum.Incidents[c] = sn.counts[c]

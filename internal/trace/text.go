@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -260,6 +262,16 @@ func FormatSummary(s *Summary) string {
 	fmt.Fprintf(&b, "    %-13s %-28s %8d  %8s\n", "early_drop", "entries evicted for room", s.Kernel.EarlyDrop, "-")
 	fmt.Fprintf(&b, "  records from the kernel: %d read (%d bytes), %d lost to a full ring buffer, %d malformed\n",
 		s.Events, s.EventBytes, s.EventsLost, s.Malformed)
+	if len(s.RecursionMisses) > 0 {
+		names := slices.Sorted(maps.Keys(s.RecursionMisses))
+		var total uint64
+		for i, n := range names {
+			total += s.RecursionMisses[n]
+			names[i] = fmt.Sprintf("%s %d", n, s.RecursionMisses[n])
+		}
+		fmt.Fprintf(&b, "  hook calls the kernel did not run dnsrace for (a BPF program was already running on that CPU): %d (%s)\n",
+			total, strings.Join(names, ", "))
+	}
 	if f := s.KernelFlows; f != nil {
 		fmt.Fprintf(&b, "  kernel flow table: %d queries started, %d ended by their answer, %d ended unanswered (resent or evicted), %d open at the end\n",
 			f.Started, f.Answered, f.Unanswered, f.Live)

@@ -143,9 +143,10 @@ func summary() *Summary {
 		Attributed: correlate.Attributed{InsertFailed: 28, Drop: 28, ClashResolve: 3},
 		Mismatch:   []string{"drop: kernel 29, attributed 28"},
 		Events:     2620, EventBytes: 461120, Queries: correlate.Stats{Queries: 276, Answered: 248, Lost: 28, InFlight: 0},
-		KernelFlows: &KernelFlows{Started: 276, Answered: 248, Unanswered: 28},
-		Namespaces:  []NamespaceSummary{{NetNS: 4026532177, Path: "/run/netns/dnsrace-node"}},
-		Probes:      []ProbeSummary{{Hook: "kfree_skb", Tier: "tracepoint", Attached: true}, {Hook: "nf_conntrack_confirm", Tier: "none"}}}
+		KernelFlows:     &KernelFlows{Started: 276, Answered: 248, Unanswered: 28},
+		Namespaces:      []NamespaceSummary{{NetNS: 4026532177, Path: "/run/netns/dnsrace-node"}},
+		Probes:          []ProbeSummary{{Hook: "kfree_skb", Tier: "tracepoint", Attached: true}, {Hook: "nf_conntrack_confirm", Tier: "none"}},
+		RecursionMisses: map[string]uint64{"tp_kmem_cache_free": 3, "tp_kfree_skb": 1}}
 }
 
 func TestSummaryGolden(t *testing.T) {
