@@ -148,8 +148,10 @@ type CaseResult struct {
 	RecordsPerQuery float64 `json:"records_per_answered_query,omitempty"`
 	BytesPerQuery   float64 `json:"bytes_per_answered_query,omitempty"`
 	// With Config.ProgStats: the tracer's programs over the traced rounds,
-	// and their time per packet (query, loop) counted.
+	// the packets (queries, loops) those rounds counted, and the programs'
+	// time per unit.
 	Programs     []ProgStat `json:"bpf_programs,omitempty"`
+	TracedUnits  float64    `json:"traced_units,omitempty"`
 	KernelNsUnit float64    `json:"kernel_ns_per_unit,omitempty"`
 }
 
@@ -461,6 +463,7 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 		r.TracerCPU = cpu / cpuS
 	}
 	if tr > 0 && len(r.Programs) > 0 {
+		r.TracedUnits = tr
 		r.KernelNsUnit = float64(progTime(r.Programs)) / tr
 	}
 	if r.Answered > 0 {

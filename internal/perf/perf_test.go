@@ -75,4 +75,8 @@ func TestProgDelta(t *testing.T) {
 	if got := progLine(nil, 10, "query"); got != "" {
 		t.Errorf("no programs: %q", got)
 	}
+	loops := CaseResult{Path: "syscall", Programs: sum, TracedUnits: 100}
+	if got, want := caseProgLine(loops), "kernel 150 ns per loop: tp_c 9000 ns x 0.01, tp_a 150 ns x 0.40 (2 recursion misses)"; got != want {
+		t.Errorf("caseProgLine:\n got %q\nwant %q", got, want)
+	}
 }

@@ -151,9 +151,6 @@ func progLine(ps []ProgStat, units float64, unit string) string {
 
 // caseProgLine is progLine for a cost case, per unit its sink counted.
 func caseProgLine(c CaseResult) string {
-	if c.KernelNsUnit == 0 {
-		return ""
-	}
 	unit := "packet"
 	switch {
 	case c.Path == "syscall":
@@ -161,5 +158,5 @@ func caseProgLine(c CaseResult) string {
 	case c.DNS:
 		unit = "query"
 	}
-	return progLine(c.Programs, float64(progTime(c.Programs))/c.KernelNsUnit, unit)
+	return progLine(c.Programs, c.TracedUnits, unit)
 }
