@@ -67,14 +67,23 @@ func (t *table[V]) ref(k uint64) *V {
 	}
 }
 
-// refOrAdd is ref, adding k with a zero value when it is absent.
+// refOrAdd is ref, adding k with a zero value when it is absent: one probe
+// run (empty slots hold zero values), two only when the table must grow.
 func (t *table[V]) refOrAdd(k uint64) *V {
-	if r := t.ref(k); r != nil {
-		return r
+	for i := t.slot(k); ; i = (i + 1) & t.mask() {
+		switch t.slots[i].k {
+		case k:
+			return &t.slots[i].v
+		case 0:
+			if 2*(t.n+1) > len(t.slots) {
+				t.resize(64 - t.shift + 1)
+				return t.refOrAdd(k)
+			}
+			t.slots[i].k = k
+			t.n++
+			return &t.slots[i].v
+		}
 	}
-	var zero V
-	t.set(k, zero)
-	return t.ref(k)
 }
 
 // set inserts or replaces k's value. The table stays at most half full, so

@@ -30,7 +30,19 @@ func checkTable(t *testing.T, tb *table[int], want map[uint64]int) {
 	}
 }
 
-// TestTableAgainstMap runs random sets, gets, deletes and shrinks on a
+// refOrAdd sets k to v through refOrAdd, checking the value it finds: the
+// old one, or zero for a new key.
+func refOrAdd(t *testing.T, tb *table[int], want map[uint64]int, k uint64, v int) {
+	t.Helper()
+	p := tb.refOrAdd(k)
+	if *p != want[k] {
+		t.Fatalf("refOrAdd(%d) found %d, want %d", k, *p, want[k])
+	}
+	*p = v
+	want[k] = v
+}
+
+// TestTableAgainstMap runs random sets, refOrAdds, gets, deletes and shrinks on a
 // table and a Go map side by side, with clustered keys (sequential ids, as
 // query ids are) and random ones.
 func TestTableAgainstMap(t *testing.T) {
@@ -43,9 +55,11 @@ func TestTableAgainstMap(t *testing.T) {
 				k = r.Uint64() | 1
 			}
 			switch r.IntN(4) {
-			case 0, 1:
+			case 0:
 				tb.set(k, i)
 				want[k] = i
+			case 1:
+				refOrAdd(t, &tb, want, k, i)
 			case 2:
 				tb.del(k)
 				delete(want, k)
@@ -82,9 +96,11 @@ func FuzzTable(f *testing.F) {
 				k = binary.LittleEndian.Uint64(ops[i+1:]) | 1
 			}
 			switch ops[i] % 4 {
-			case 0, 1:
+			case 0:
 				tb.set(k, i)
 				want[k] = i
+			case 1:
+				refOrAdd(t, &tb, want, k, i)
 			case 2:
 				tb.del(k)
 				delete(want, k)
