@@ -93,6 +93,11 @@ type Tracer struct {
 	malformed atomic.Uint64
 	bytes     atomic.Uint64 // record bytes read
 
+	// closeMu lets the counter readers (Stats, Missed, FlowsLive: the
+	// progress line, /metrics, SIGUSR1) finish before Close releases the
+	// fds they use, and see closed after. Read never takes it.
+	closeMu   sync.RWMutex
+	closed    bool
 	closeOnce sync.Once
 }
 
@@ -622,8 +627,10 @@ type Stats struct {
 // Stats sums the kernel side's per-CPU counters (zero once closed).
 func (t *Tracer) Stats() Stats {
 	var s Stats
+	t.closeMu.RLock()
+	defer t.closeMu.RUnlock()
 	m := t.maps[bpf.DnsraceMapStats]
-	if m == nil {
+	if m == nil || t.closed {
 		return s
 	}
 	var per []uint64
@@ -648,8 +655,13 @@ func (t *Tracer) Lost() uint64 { return t.Stats().Lost }
 // program is there, from 0. The kernel counts them for fentry since 5.12, for
 // tracepoints since 6.2 and for kprobes since 6.7; before that they stay
 // 0. Reading is one bpf(2) call per program, whatever
-// kernel.bpf_stats_enabled says.
+// kernel.bpf_stats_enabled says. Nil once closed.
 func (t *Tracer) Missed() (map[string]uint64, error) {
+	t.closeMu.RLock()
+	defer t.closeMu.RUnlock()
+	if t.closed {
+		return nil, nil
+	}
 	out := map[string]uint64{}
 	for _, c := range t.colls {
 		for name, p := range c.Programs {
@@ -666,8 +678,10 @@ func (t *Tracer) Missed() (map[string]uint64, error) {
 // FlowsLive counts the flows in the kernel's map now: queries not yet
 // answered and not yet evicted. It walks the map: call it rarely.
 func (t *Tracer) FlowsLive() uint64 {
+	t.closeMu.RLock()
+	defer t.closeMu.RUnlock()
 	m := t.maps[bpf.DnsraceMapFlows]
-	if m == nil {
+	if m == nil || t.closed {
 		return 0
 	}
 	var n uint64
@@ -694,6 +708,9 @@ func (t *Tracer) Malformed() uint64 { return t.malformed.Load() }
 func (t *Tracer) Close() error {
 	var errs []error
 	t.closeOnce.Do(func() {
+		t.closeMu.Lock()
+		defer t.closeMu.Unlock()
+		t.closed = true
 		if t.rd != nil {
 			errs = append(errs, t.rd.Close())
 		}

@@ -762,6 +762,56 @@ func TestCloseIdempotent(t *testing.T) {
 	}
 }
 
+// TestCloseWhileCounting: the counter readers (the progress line, /metrics
+// and SIGUSR1 call them from their own goroutines) may run while Close
+// does: they answer zero or nil after it and never use a released fd (run
+// with -race to check the latter).
+func TestCloseWhileCounting(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	tr, err := Open(Options{Attach: event.TierTracepoint, RingBufferSize: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var reads atomic.Int64
+	stop := make(chan struct{})
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				tr.Stats()
+				tr.FlowsLive()
+				if _, err := tr.Missed(); err != nil {
+					t.Errorf("Missed while open or closing: %v", err)
+					return
+				}
+				reads.Add(1)
+			}
+		}()
+	}
+	for reads.Load() < 100 {
+		time.Sleep(time.Millisecond)
+	}
+	if err := tr.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	close(stop)
+	wg.Wait()
+	if s, m := tr.Stats(), tr.FlowsLive(); s != (Stats{}) || m != 0 {
+		t.Errorf("after Close: Stats %+v, FlowsLive %d; want zero", s, m)
+	}
+	if m, err := tr.Missed(); m != nil || err != nil {
+		t.Errorf("after Close: Missed %v, %v; want nil", m, err)
+	}
+}
+
 func TestDropReasonName(t *testing.T) {
 	requireBTF(t)
 	if !kernelHasType(t, "skb_drop_reason") {
