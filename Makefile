@@ -36,6 +36,10 @@ test-unit: ## Tests that need no root
 test-host: ## The whole suite on this kernel (root: namespaces, netfilter, BPF)
 	$(GO) test $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) -p 1 ./...
 
+test-race: ## The counters' concurrency test and the unit tests under Go's race detector (root, cgo)
+	CGO_ENABLED=1 $(GO) test -race -count=1 -run 'TestCloseWhileCounting' ./internal/probe
+	CGO_ENABLED=1 $(GO) test -race -short ./internal/correlate ./internal/metrics ./internal/trace
+
 bench-smoke: build ## Short benchmark run: checks the harness works and loses no events
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./internal/... && ./dnsrace bench --smoke
 
@@ -46,7 +50,7 @@ test-rules: ## Check the Prometheus rules and run their promtool unit tests
 vagrant-check: ## Syntax-check the Vagrantfile
 	ruby -c Vagrantfile
 
-test: deps lint generate-check vagrant-check test-rules test-host vmtest-selftest vmtest bench-smoke ## Everything CI runs (root)
+test: deps lint generate-check vagrant-check test-rules test-host test-race vmtest-selftest vmtest bench-smoke ## Everything CI runs (root)
 
 clean: ## Remove build outputs
 	rm -f dnsrace
