@@ -34,8 +34,10 @@ and without the tracer in alternating rounds:
 
 The tracer is this binary's 'trace --json' subcommand, run as a child
 process (--attach, default tracepoint); its summary says how many records
-it read, their bytes, and how many were lost. A case whose traced rounds
-lost records reports no ratio ("invalid"), and --smoke fails on it.
+it read, their bytes, how many were lost, and the hook calls the kernel
+skipped its programs for (recursion misses, shown when there are any). A
+case whose traced rounds lost records reports no ratio ("invalid"), and
+--smoke fails on it.
 --memory instead feeds synthetic unanswered queries to the correlator in
 this process and reports its memory. --prog-stats turns on the kernel's
 BPF run-time accounting (Linux 5.8+) during the traced floods and reports

@@ -1,6 +1,9 @@
 package perf
 
 import (
+	"bytes"
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/miekg/dns"
@@ -78,5 +81,23 @@ func TestProgDelta(t *testing.T) {
 	loops := CaseResult{Path: "syscall", Programs: sum, TracedUnits: 100}
 	if got, want := caseProgLine(loops), "kernel 150 ns per loop: tp_c 9000 ns x 0.01, tp_a 150 ns x 0.40 (2 recursion misses)"; got != want {
 		t.Errorf("caseProgLine:\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestSkippedShown: the recursion misses in the tracer's summary reach the
+// case and its text, without making the case invalid.
+func TestSkippedShown(t *testing.T) {
+	var sum TraceSummary
+	line := `{"type":"summary","events":10,"events_lost":0,"recursion_misses":{"tp_kmem_cache_free":2,"tp_kfree_skb":1}}`
+	if err := json.Unmarshal([]byte(line), &sum); err != nil {
+		t.Fatal(err)
+	}
+	if sum.Skipped() != 3 {
+		t.Fatalf("Skipped() = %d, want 3 from %s", sum.Skipped(), line)
+	}
+	var out bytes.Buffer
+	WriteText(&out, &Result{Cases: []CaseResult{{Name: "syscall-open", Untraced: 100, Traced: 90, Ratio: 0.9, Skipped: sum.Skipped()}}})
+	if !strings.Contains(out.String(), "syscall-open  the kernel skipped 3 hook calls") || strings.Contains(out.String(), "invalid") {
+		t.Errorf("text:\n%s", out.String())
 	}
 }

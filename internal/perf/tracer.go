@@ -21,12 +21,24 @@ type TraceSummary struct {
 	EventsLost uint64   `json:"events_lost"`
 	Malformed  uint64   `json:"events_malformed"`
 	Mismatch   []string `json:"mismatch"`
-	Queries    struct {
+	// RecursionMisses: by program, hook calls the kernel skipped.
+	RecursionMisses map[string]uint64 `json:"recursion_misses"`
+	Queries         struct {
 		Queries  uint64 `json:"queries"`
 		Answered uint64 `json:"answered"`
 		InFlight int    `json:"in_flight"`
 		Evicted  uint64 `json:"evicted"`
 	} `json:"queries"`
+}
+
+// Skipped is how many hook calls the kernel did not run the tracer's
+// programs for (recursion misses, all programs).
+func (s *TraceSummary) Skipped() uint64 {
+	var n uint64
+	for _, m := range s.RecursionMisses {
+		n += m
+	}
+	return n
 }
 
 // tracerProc is a `dnsrace trace --json` child process.
