@@ -573,13 +573,11 @@ func Problems(r *Result) []string {
 		if c.EventsLost > 0 {
 			p = append(p, fmt.Sprintf("case %s: %d records lost: its ratio is not a measurement", c.Name, c.EventsLost))
 		}
-
 	}
 	for _, s := range r.Capacity {
 		if s.Lost > 0 {
 			p = append(p, fmt.Sprintf("%d records lost at %d queries/s", s.Lost, s.Rate))
 		}
-
 		if float64(s.Queries) < s.Received*0.99*s.Seconds {
 			p = append(p, fmt.Sprintf("at %d queries/s the tracer saw %d queries, the responder %.0f", s.Rate, s.Queries, s.Received*s.Seconds))
 		}
