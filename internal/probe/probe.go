@@ -95,10 +95,10 @@ type Tracer struct {
 
 	// closeMu lets the counter readers (Stats, Missed, FlowsLive: the
 	// progress line, /metrics, SIGUSR1) finish before Close releases the
-	// fds they use, and see closed after. Read never takes it.
-	closeMu   sync.RWMutex
-	closed    bool
-	closeOnce sync.Once
+	// fds they use, and see closed after; closed also makes Close
+	// idempotent. Read never takes it.
+	closeMu sync.RWMutex
+	closed  bool
 }
 
 // Open loads and attaches the programs: first the function hooks (unless
@@ -706,23 +706,24 @@ func (t *Tracer) Malformed() uint64 { return t.malformed.Load() }
 // Close detaches and unloads everything; a concurrent Read returns nil.
 // Close is idempotent.
 func (t *Tracer) Close() error {
+	t.closeMu.Lock()
+	defer t.closeMu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
 	var errs []error
-	t.closeOnce.Do(func() {
-		t.closeMu.Lock()
-		defer t.closeMu.Unlock()
-		t.closed = true
-		if t.rd != nil {
-			errs = append(errs, t.rd.Close())
-		}
-		for _, l := range t.links {
-			errs = append(errs, l.Close())
-		}
-		for _, c := range t.colls {
-			c.Close()
-		}
-		for _, m := range t.maps {
-			errs = append(errs, m.Close())
-		}
-	})
+	if t.rd != nil {
+		errs = append(errs, t.rd.Close())
+	}
+	for _, l := range t.links {
+		errs = append(errs, l.Close())
+	}
+	for _, c := range t.colls {
+		c.Close()
+	}
+	for _, m := range t.maps {
+		errs = append(errs, m.Close())
+	}
 	return errors.Join(errs...)
 }
