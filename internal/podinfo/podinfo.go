@@ -166,12 +166,14 @@ func (r *Resolver) pidLocked(pid, netns uint32) (Pod, bool) {
 	if c, ok := r.byPID[pid]; r.fresh(c, ok) {
 		return c.pod, c.ok
 	}
-	p, ok := r.fromPID(pid)
+	p, ok, gone := r.fromPID(pid)
 	if !ok && netns != 0 && netns == r.hostNetNS {
 		p, ok = Pod{Host: true, PID: pid, Comm: r.comm(pid)}, true
 	}
-	// A process that is gone answers nothing: do not cache that.
-	if ok {
+	// A process that is gone answers nothing: do not cache that. One that
+	// is in no pod is cached like a pod's: a burst of incidents from it (a
+	// flood of lost queries) must not read its cgroup file once each.
+	if ok || !gone {
 		r.byPID[pid] = cached{p, ok, r.now()}
 	}
 	return p, ok
@@ -189,7 +191,7 @@ func (r *Resolver) netnsLocked(netns uint32) (Pod, bool) {
 		if ino, in := nsutil.PathInode(filepath.Join(r.cfg.ProcRoot, strconv.FormatUint(uint64(pid), 10), "ns/net")); !in || ino != netns {
 			continue
 		}
-		if p, ok = r.fromPID(pid); ok {
+		if p, ok, _ = r.fromPID(pid); ok {
 			break
 		}
 	}
@@ -238,20 +240,21 @@ func (r *Resolver) comm(pid uint32) string {
 	return strings.TrimSpace(string(b))
 }
 
-// fromPID reads a process's cgroup file and parses the kubelet's names.
-func (r *Resolver) fromPID(pid uint32) (Pod, bool) {
+// fromPID reads a process's cgroup file and parses the kubelet's names;
+// gone: the file could not be opened (the process exited).
+func (r *Resolver) fromPID(pid uint32) (p Pod, ok, gone bool) {
 	f, err := os.Open(filepath.Join(r.cfg.ProcRoot, strconv.FormatUint(uint64(pid), 10), "cgroup"))
 	if err != nil {
-		return Pod{}, false
+		return Pod{}, false, true
 	}
 	defer f.Close()
 	for _, path := range CgroupPaths(f) {
 		if p, ok := r.fromCgroupPath(path); ok {
 			p.PID, p.Comm = pid, r.comm(pid)
-			return p, true
+			return p, true, false
 		}
 	}
-	return Pod{}, false
+	return Pod{}, false, false
 }
 
 // CgroupPaths returns the paths of a /proc/<pid>/cgroup file, one per

@@ -106,6 +106,53 @@ func TestFixtureProc(t *testing.T) {
 	}
 }
 
+// TestNotAPodCached: a process in no pod is read once per TTL, not once
+// per lookup (a flood of lost queries from one process asks for it at
+// every incident); a gone process is not cached.
+func TestNotAPodCached(t *testing.T) {
+	proc := t.TempDir()
+	cg := filepath.Join(proc, "5/cgroup")
+	if err := os.MkdirAll(filepath.Dir(cg), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(cg, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	uid := "aaaabbbb-cccc-dddd-eeee-ffff00001111"
+	podPath := "0::/kubepods.slice/kubepods-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice\n"
+	for _, c := range []struct {
+		ttl  time.Duration
+		want bool // the second lookup sees the process's new cgroup
+	}{{time.Hour, false}, {time.Nanosecond, true}} {
+		write("0::/user.slice/user-1000.slice/session-2.scope\n")
+		r := podinfo.New(podinfo.Config{ProcRoot: proc, Root: t.TempDir(), CgroupRoot: t.TempDir(), TTL: c.ttl})
+		if p, ok := r.ByPID(5); ok {
+			t.Fatalf("ttl %v: pid 5 in no pod resolved to %+v", c.ttl, p)
+		}
+		write(podPath)
+		if p, ok := r.ByPID(5); ok != c.want || (ok && p.UID != uid) {
+			t.Errorf("ttl %v: after the move %+v %v, want found=%v", c.ttl, p, ok, c.want)
+		}
+	}
+	// Gone, then there: a pid that could not be read is asked again.
+	r := podinfo.New(podinfo.Config{ProcRoot: proc, Root: t.TempDir(), CgroupRoot: t.TempDir(), TTL: time.Hour})
+	if _, ok := r.ByPID(6); ok {
+		t.Fatal("pid 6 does not exist")
+	}
+	if err := os.MkdirAll(filepath.Join(proc, "6"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, "6/cgroup"), []byte(podPath), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := r.ByPID(6); !ok || p.UID != uid {
+		t.Errorf("pid 6 once it exists: %+v %v, want pod %s", p, ok, uid)
+	}
+}
+
 // TestRealCgroup puts a process in its own network namespace into a cgroup
 // named as the kubelet names it, and resolves it by namespace, pid and
 // cgroup id, on the real kernel.
