@@ -27,6 +27,10 @@ type Config struct {
 	// MaxQueries caps the queries in flight; the oldest are evicted and
 	// counted.
 	MaxQueries int
+	// MaxStalls caps the stalls in progress (lost queries waiting for
+	// their retry); past it the oldest is reported at once, as not
+	// retried, and counted.
+	MaxStalls int
 	// ReasonName maps an skb drop reason value to its name.
 	ReasonName func(uint32) string
 	// Location formats a drop location ("nf_hook_slow+0x7d").
@@ -46,6 +50,12 @@ type Config struct {
 // first and are counted.
 const DefaultMaxQueries = 1 << 16
 
+// DefaultMaxStalls is Config.MaxStalls when left 0. A stall holds its lost
+// queries and its incident, about 1 KB, for up to QueryTTL: uncapped, a
+// flood of lost queries with distinct names (each its own stall) held
+// 300 MB in the tracer and kept the GC running against its memory limit.
+const DefaultMaxStalls = 1 << 14
+
 func (c *Config) defaults() {
 	if c.MinRetryGap == 0 {
 		c.MinRetryGap = 400 * time.Millisecond
@@ -61,6 +71,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxQueries == 0 {
 		c.MaxQueries = DefaultMaxQueries
+	}
+	if c.MaxStalls == 0 {
+		c.MaxStalls = DefaultMaxStalls
 	}
 	if c.ReasonName == nil {
 		c.ReasonName = func(v uint32) string { return "reason(" + itoa(int(v)) + ")" }
@@ -105,6 +118,9 @@ type Correlator struct {
 
 	drops []pendingDrop
 	opens map[*open]bool // stalls in progress
+	// openLog is opens by opening, oldest first, for the cap; closed
+	// ones leave it lazily.
+	openLog fifo[*open]
 	// kernelNow: the kernel's counters read for this batch of drops
 	kernelNow map[uint32]ctstats.Counters
 	// counted: losers already counted as rescued (-> when).
@@ -116,6 +132,7 @@ type Correlator struct {
 	nextID   uint64
 	lastNs   uint64
 	evicted  uint64
+	early    uint64
 	queries  uint64
 	answered uint64
 	lost     uint64
@@ -133,16 +150,20 @@ type Stats struct {
 	// Queries first seen; Answered: their answers seen reaching the
 	// asker; Lost: declared lost (dropped, or retried unanswered);
 	// InFlight: waiting for an answer now; Evicted: forgotten early
-	// because more than MaxQueries were in flight.
-	Queries  uint64 `json:"queries"`
-	Answered uint64 `json:"answered"`
-	Lost     uint64 `json:"lost"`
-	InFlight int    `json:"in_flight"`
-	Evicted  uint64 `json:"evicted"`
+	// because more than MaxQueries were in flight; StallsReportedEarly:
+	// stalls reported before their retry or QueryTTL (as not retried)
+	// because more than MaxStalls were in progress.
+	Queries             uint64 `json:"queries"`
+	Answered            uint64 `json:"answered"`
+	Lost                uint64 `json:"lost"`
+	InFlight            int    `json:"in_flight"`
+	Evicted             uint64 `json:"evicted"`
+	StallsReportedEarly uint64 `json:"stalls_reported_early"`
 }
 
 func (c *Correlator) Stats() Stats {
-	return Stats{Queries: c.queries, Answered: c.answered, Lost: c.lost, InFlight: c.ix.pending, Evicted: c.evicted}
+	return Stats{Queries: c.queries, Answered: c.answered, Lost: c.lost, InFlight: c.ix.pending, Evicted: c.evicted,
+		StallsReportedEarly: c.early}
 }
 
 // OldestOpen is when the oldest stall still in progress started
@@ -482,6 +503,9 @@ func (c *Correlator) expire(now uint64) {
 		if o.firstNs+ttl <= now {
 			c.closeOpen(o, now, false)
 		}
+	}
+	if c.openLog.len() > 2*len(c.opens)+1024 {
+		c.openLog.keep(func(o *open) bool { return c.opens[o] })
 	}
 	for k, t := range c.counted {
 		if t+uint64(10*time.Second) <= now {

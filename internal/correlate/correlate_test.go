@@ -444,6 +444,33 @@ func TestEviction(t *testing.T) {
 	}
 }
 
+// Past MaxStalls the oldest stall in progress is reported at once, as not
+// retried, and counted; none is lost, and memory holds MaxStalls at most.
+func TestStallCap(t *testing.T) {
+	h := newHarness(t, nil)
+	h.c.cfg.MaxStalls = 3
+	for i := range 5 {
+		q := h.query(uint64(i), uint32(100+i), srcA, uint16(i+1), dns.TypeA)
+		h.handle(drop(uint64(10+i), q, reasonNetfilter, 1, event.CT{}))
+	}
+	h.c.Tick(400 * ms)
+	if st := h.c.Stats(); st.StallsReportedEarly != 2 || len(h.c.opens) != 3 {
+		t.Errorf("stats %+v, %d stalls in progress; want 2 reported early, 3 in progress", st, len(h.c.opens))
+	}
+	if len(h.incidents) != 2 || h.incidents[0].NetNS != 100 || h.incidents[1].NetNS != 101 {
+		t.Fatalf("incidents before the cap's are %+v, want the two oldest stalls", h.incidents)
+	}
+	for _, inc := range h.incidents {
+		if inc.Cause != CauseRuleDrop || inc.Retried || inc.StallMs != nil || len(inc.Lost) != 1 {
+			t.Errorf("reported early: %+v", inc)
+		}
+	}
+	h.c.Close(uint64(time.Second))
+	if len(h.incidents) != 5 || len(h.c.opens) != 0 {
+		t.Errorf("%d incidents after Close, want 5; %d in progress", len(h.incidents), len(h.c.opens))
+	}
+}
+
 // An open stall keeps its queries alive even when they expire: their
 // structs are reused only after the incident is written.
 func TestOpenStallHoldsItsQueries(t *testing.T) {

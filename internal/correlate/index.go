@@ -192,7 +192,7 @@ type index struct {
 	byQID table[*query]
 	socks table[sockRecent] // by sockKey
 	names table[*nameState] // by nameKey
-	order queryLog          // by first sighting, for expiry
+	order fifo[*query]      // by first sighting, for expiry
 	// recycled structs: following a query allocates nothing
 	free      []*query
 	freeNames []*nameState

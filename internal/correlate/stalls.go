@@ -69,13 +69,26 @@ func (c *Correlator) markLost(q *query, p Packet) {
 		o = nil
 	}
 	if o == nil {
+		c.capStalls(q.sentNs)
 		o = &open{key: q.nk, firstNs: q.sentNs, inc: c.newIncident(q, p.Cause, p.Race)}
 		s.open = o
 		c.opens[o] = true
+		c.openLog.push(o)
 	}
 	q.held = true
 	o.queries = append(o.queries, q)
 	o.inc.Lost = append(o.inc.Lost, p)
+}
+
+// capStalls makes room for one more stall in progress: past MaxStalls the
+// oldest is reported now, as not retried, and counted.
+func (c *Correlator) capStalls(now uint64) {
+	for len(c.opens) >= c.cfg.MaxStalls && c.openLog.len() > 0 {
+		if o := c.openLog.pop(); c.opens[o] {
+			c.closeOpen(o, now, false)
+			c.early++
+		}
+	}
 }
 
 func (c *Correlator) newIncident(q *query, cause, race string) *Incident {

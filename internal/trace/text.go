@@ -248,6 +248,9 @@ func FormatSummary(s *Summary) string {
 	q := s.Queries
 	fmt.Fprintf(&b, "  DNS queries seen: %d; answered %d, lost %d, waiting for an answer now %d, forgotten unfinished (over the %s cap) %d\n",
 		q.Queries, q.Answered, q.Lost, q.InFlight, "in-flight", q.Evicted)
+	if q.StallsReportedEarly > 0 {
+		fmt.Fprintf(&b, "  stalls reported before their retry or timeout (over the cap of stalls in progress): %d\n", q.StallsReportedEarly)
+	}
 	fmt.Fprintf(&b, "  conntrack counters where DNS was tracked:   kernel  explained by dnsrace\n")
 	row := func(name, what string, k, a uint64) {
 		mark := "ok"

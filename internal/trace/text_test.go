@@ -142,7 +142,7 @@ func summary() *Summary {
 		Kernel:     ctstats.Counters{InsertFailed: 28, Drop: 29, ClashResolve: 3, Found: 600},
 		Attributed: correlate.Attributed{InsertFailed: 28, Drop: 28, ClashResolve: 3},
 		Mismatch:   []string{"drop: kernel 29, attributed 28"},
-		Events:     2620, EventBytes: 461120, Queries: correlate.Stats{Queries: 276, Answered: 248, Lost: 28, InFlight: 0},
+		Events:     2620, EventBytes: 461120, Queries: correlate.Stats{Queries: 276, Answered: 248, Lost: 28, InFlight: 0, StallsReportedEarly: 2},
 		KernelFlows:     &KernelFlows{Started: 276, Answered: 248, Unanswered: 28},
 		Namespaces:      []NamespaceSummary{{NetNS: 4026532177, Path: "/run/netns/dnsrace-node"}},
 		Probes:          []ProbeSummary{{Hook: "kfree_skb", Tier: "tracepoint", Attached: true}, {Hook: "nf_conntrack_confirm", Tier: "none"}},
