@@ -90,7 +90,7 @@ func Flood(ctx context.Context, cfg FloodConfig) (FloodResult, error) {
 		}
 	}()
 	for range cfg.Sockets {
-		fd, err := udpSocket(cfg.NS, netip.AddrPort{}, cfg.Dst, false)
+		fd, err := udpSocket(cfg.NS, netip.AddrPort{}, cfg.Dst)
 		if err != nil {
 			return FloodResult{}, fmt.Errorf("flood socket: %w", err)
 		}

@@ -13,28 +13,28 @@ import (
 // with Answer it is also a minimal DNS responder: every datagram goes back
 // to its sender with the QR bit set (an answer to the correlator).
 type Sink struct {
-	fds      []int
+	fd       int
 	received atomic.Uint64
 	answered atomic.Uint64
 	stop     atomic.Bool
 	wg       sync.WaitGroup
 }
 
-// StartSink binds workers SO_REUSEPORT sockets to addr in ns and counts.
+// StartSink binds one socket to addr in ns, read by workers goroutines,
+// and counts. Not one SO_REUSEPORT socket per worker: the kernel spreads
+// flows over those by hash, and with two sending sockets both flows landed
+// on one socket in about half the rounds, which halved the responder,
+// overflowed its buffer and made the floods' rounds bimodal.
 func StartSink(ns string, addr netip.AddrPort, answer bool, workers int) (*Sink, error) {
 	if workers <= 0 {
 		workers = 2
 	}
-	s := &Sink{}
-	for range workers {
-		fd, err := udpSocket(ns, addr, netip.AddrPort{}, true)
-		if err != nil {
-			s.Close()
-			return nil, fmt.Errorf("sink: %w", err)
-		}
-		s.fds = append(s.fds, fd)
+	fd, err := udpSocket(ns, addr, netip.AddrPort{})
+	if err != nil {
+		return nil, fmt.Errorf("sink: %w", err)
 	}
-	for _, fd := range s.fds {
+	s := &Sink{fd: fd}
+	for range workers {
 		s.wg.Add(1)
 		go s.loop(fd, answer)
 	}
@@ -77,8 +77,8 @@ func (s *Sink) Answered() uint64 { return s.answered.Load() }
 func (s *Sink) Close() {
 	s.stop.Store(true)
 	s.wg.Wait()
-	for _, fd := range s.fds {
-		unix.Close(fd)
+	if s.fd >= 0 {
+		unix.Close(s.fd)
+		s.fd = -1
 	}
-	s.fds = nil
 }

@@ -74,7 +74,7 @@ func recvmmsg(fd int, h []unix.Mmsghdr) (int, error) {
 // udpSocket makes an IPv4 UDP socket inside namespace ns (a socket keeps
 // the namespace it was made in). bind and connect are optional. Blocking
 // calls on it time out after 100 ms so loops can check their deadline.
-func udpSocket(ns string, bind, connect netip.AddrPort, reusePort bool) (int, error) {
+func udpSocket(ns string, bind, connect netip.AddrPort) (int, error) {
 	fd := -1
 	err := nsutil.Do(ns, func() error {
 		var err error
@@ -88,11 +88,6 @@ func udpSocket(ns string, bind, connect netip.AddrPort, reusePort bool) (int, er
 		// Large buffers so the sink, not its socket, is what counts.
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20)
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 4<<20)
-		if reusePort {
-			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
-				return fmt.Errorf("SO_REUSEPORT: %w", err)
-			}
-		}
 		if bind.IsValid() {
 			if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: bind.Addr().As4(), Port: int(bind.Port())}); err != nil {
 				return fmt.Errorf("binding %s in %s: %w", bind, ns, err)
