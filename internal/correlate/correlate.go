@@ -506,6 +506,7 @@ func (c *Correlator) expire(now uint64) {
 	}
 	if c.openLog.len() > 2*len(c.opens)+1024 {
 		c.openLog.keep(func(o *open) bool { return c.opens[o] })
+		c.openLog.compact()
 	}
 	for k, t := range c.counted {
 		if t+uint64(10*time.Second) <= now {

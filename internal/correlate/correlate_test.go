@@ -471,6 +471,27 @@ func TestStallCap(t *testing.T) {
 	}
 }
 
+// The log of stalls by opening lets go of the ones their retries closed.
+func TestStallLogShrinks(t *testing.T) {
+	h := newHarness(t, nil)
+	const n = 1500
+	for i := range n {
+		q := h.query(0, uint32(1000+i), srcA, uint16(i), dns.TypeA)
+		h.handle(drop(10, q, reasonNetfilter, 1, event.CT{}))
+	}
+	h.c.Tick(400 * ms)
+	for i := range n {
+		h.query(5*uint64(time.Second), uint32(1000+i), srcA, uint16(i), dns.TypeA)
+	}
+	if len(h.incidents) != n || len(h.c.opens) != 0 || h.c.openLog.len() != n {
+		t.Fatalf("%d incidents, %d stalls open, %d in the log; want %d, 0, %d", len(h.incidents), len(h.c.opens), h.c.openLog.len(), n, n)
+	}
+	h.c.Tick(5*uint64(time.Second) + 1)
+	if l := h.c.openLog.len(); l != 0 {
+		t.Errorf("%d closed stalls still in the log", l)
+	}
+}
+
 // An open stall keeps its queries alive even when they expire: their
 // structs are reused only after the incident is written.
 func TestOpenStallHoldsItsQueries(t *testing.T) {
