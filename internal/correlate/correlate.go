@@ -103,11 +103,18 @@ type pendingDrop struct {
 
 // lossKey names one loser: its entry's address and its original tuple.
 // The address alone is reused by the slab at once; the query alone can
-// differ between the paths that see one loser.
+// differ between the paths that see one loser. A key seen again more than
+// lossWindow later is another loser: the slab hands a freed entry's
+// address to the next one, and a socket's next query (a retry, or a new
+// socket given the same port) has the same tuple.
 type lossKey struct {
 	ptr  uint64
 	orig event.Tuple
 }
+
+// lossWindow bounds the records of one loser: they come from one
+// confirm, one free and the packet's next hooks, microseconds apart.
+const lossWindow = uint64(time.Second)
 
 // Correlator joins records into incidents. It is single-threaded: Handle,
 // Tick and Close are called from one goroutine.
@@ -123,7 +130,7 @@ type Correlator struct {
 	openLog fifo[*open]
 	// kernelNow: the kernel's counters read for this batch of drops
 	kernelNow map[uint32]ctstats.Counters
-	// counted: losers already counted as rescued (-> when).
+	// counted: losers counted as rescued in the last lossWindow (-> when).
 	counted map[lossKey]uint64
 	attrib  map[uint32]*Attributed
 	// strs interns question names by hash.
@@ -509,7 +516,7 @@ func (c *Correlator) expire(now uint64) {
 		c.openLog.compact()
 	}
 	for k, t := range c.counted {
-		if t+uint64(10*time.Second) <= now {
+		if t+lossWindow <= now {
 			delete(c.counted, k)
 		}
 	}

@@ -116,7 +116,7 @@ func tierOf(q *query) string {
 // without losing the packet. One per loser, whichever records see it.
 func (c *Correlator) rescued(q *query, ns uint32, loser, winner event.CT, wqid uint64, t uint64) {
 	lk := lossKey{loser.Ptr, loser.Orig}
-	if _, done := c.counted[lk]; done {
+	if t0, done := c.counted[lk]; done && max(t, t0)-min(t, t0) < lossWindow {
 		return
 	}
 	c.counted[lk] = t
