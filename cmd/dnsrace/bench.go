@@ -43,13 +43,17 @@ this process and reports its memory. --prog-stats turns on the kernel's
 BPF run-time accounting (Linux 5.8+) during the traced floods and reports
 each of the tracer's programs: runs, ns per run, and the kernel time per
 answered query, packet or loop (the accounting adds two clock reads to
-every BPF program run on the machine while it is on).
+every BPF program run on the machine while it is on). --floor adds a
+third round to each cost case, the tracer with every program emptied
+("return 0") at the same hooks: what the hooks alone cost this kernel,
+which no program at those hooks can do better than.
 
 Examples:
   sudo dnsrace bench
   sudo dnsrace bench --duration 5s --rounds 3 --json > bench.json
   sudo dnsrace bench --skip-cost --rate 50000,100000,200000
   sudo dnsrace bench --skip-cost --rate 5000 --duration 20s --prog-stats
+  sudo dnsrace bench --skip-capacity --case syscall-open,udp-forward --floor
   sudo dnsrace bench --smoke
   dnsrace bench --memory --queries 1000000
 
@@ -75,6 +79,7 @@ func runBench(ctx context.Context, args []string) error {
 		memory     = fs.Bool("memory", false, "measure the correlator's memory with --queries unanswered queries in flight (no root, no lab)")
 		queries    = fs.Int("queries", 1_000_000, "unanswered queries fed by --memory")
 		maxQueries = fs.Int("max-queries", 0, "--memory: the correlator's cap on queries in flight (default: its default)")
+		floor      = fs.Bool("floor", false, "add rounds with the tracer's programs emptied, at the same hooks: the cost of the hooks alone")
 		progStats  = fs.Bool("prog-stats", false, "report the kernel time of each of the tracer's BPF programs during the traced floods (kernel BPF run-time accounting, Linux 5.8+)")
 	)
 	_ = fs.MarkHidden("tracer-arg")
@@ -129,7 +134,7 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	cfg := perf.Config{
 		Exe: exe, Duration: *duration, Rounds: *rounds, Sockets: *sockets, Rates: *rates,
-		Cases: *cases, SkipCost: *skipCost, SkipCapacity: *skipCap, RingBufferSize: *ring, Attach: *attach, TracerArgs: *tracerArgs, ProgStats: *progStats, Log: os.Stderr,
+		Cases: *cases, SkipCost: *skipCost, SkipCapacity: *skipCap, RingBufferSize: *ring, Attach: *attach, TracerArgs: *tracerArgs, ProgStats: *progStats, Floor: *floor, Log: os.Stderr,
 	}
 	if *smoke {
 		cfg.Duration, cfg.Rounds, cfg.Rates = 2*time.Second, 1, []int{2000}

@@ -91,6 +91,7 @@ type traceFlags struct {
 	progress     string
 	showResolved bool
 	cpuProfile   string
+	emptyProgs   bool
 }
 
 func (f *traceFlags) register(fs *pflag.FlagSet) {
@@ -115,6 +116,8 @@ func (f *traceFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.progress, "progress", "auto", "progress line on stderr: auto (when stderr is a terminal), always or never")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the tracer to this file (for tuning)")
 	_ = fs.MarkHidden("cpuprofile")
+	fs.BoolVar(&f.emptyProgs, "empty-programs", false, "attach every hook with a program that returns at once and trace nothing: what the hooks alone cost (dnsrace bench --floor)")
+	_ = fs.MarkHidden("empty-programs")
 	fs.BoolVar(&f.showResolved, "show-resolved", false, "list every race the kernel rescued (text output; by default they are summed up per pod every 10 s)")
 }
 
@@ -169,6 +172,7 @@ func (f *traceFlags) probeOptions() (probe.Options, error) {
 		return o, usagef("--ring-buffer-size %d: want a power of two of at least 4096", f.ringSize)
 	}
 	o.RingBufferSize = f.ringSize
+	o.EmptyPrograms = f.emptyProgs
 	if f.duration < 0 {
 		return o, usagef("--duration must not be negative")
 	}

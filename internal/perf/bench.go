@@ -67,6 +67,11 @@ type Config struct {
 	// traced floods and reports the time each of the tracer's programs
 	// took (the accounting adds two clock reads to every program run).
 	ProgStats bool
+	// Floor adds a third kind of round to each cost case: the tracer with
+	// every program emptied ("return 0", trace --empty-programs), attached
+	// at the same hooks. Its ratio is what the hooks alone cost this
+	// kernel, a floor no program at those hooks can go below.
+	Floor bool
 	// Log receives progress lines (nil: discarded).
 	Log io.Writer
 }
@@ -130,6 +135,11 @@ type CaseResult struct {
 	// Packets per second counted at the sink, per round.
 	UntracedPPS []float64 `json:"untraced_pps"`
 	TracedPPS   []float64 `json:"traced_pps"`
+	// With Config.Floor: the rounds with empty programs at the tracer's
+	// hooks, their rate and its ratio to untraced.
+	HooksOnlyPPS   []float64 `json:"hooks_only_pps,omitempty"`
+	HooksOnly      float64   `json:"hooks_only,omitempty"`
+	HooksOnlyRatio float64   `json:"hooks_only_ratio,omitempty"`
 	// Totals over all rounds (packets / seconds).
 	Untraced float64 `json:"untraced"`
 	Traced   float64 `json:"traced"`
@@ -332,14 +342,31 @@ type measured struct {
 	progs     []ProgStat
 }
 
+// roundKind is what runs beside one flood.
+type roundKind int
+
+const (
+	untraced  roundKind = iota
+	traced              // the tracer
+	hooksOnly           // the tracer with every program emptied
+)
+
+func (k roundKind) String() string {
+	return [...]string{"untraced", "traced", "hooks"}[k]
+}
+
 // once runs one flood against s (or, with s nil, the case's system call
-// loop), under a fresh tracer when traced.
-func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, traced bool) (measured, error) {
+// loop), under a fresh tracer unless untraced.
+func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, kind roundKind) (measured, error) {
 	var m measured
 	var tp *tracerProc
-	if traced {
+	if kind != untraced {
+		args := h.tracerArgs()
+		if kind == hooksOnly {
+			args = append(args, "--empty-programs")
+		}
 		var err error
-		if tp, err = startTracer(h.cfg.Exe, fc.Duration+2*time.Minute, h.tracerArgs()); err != nil {
+		if tp, err = startTracer(h.cfg.Exe, fc.Duration+2*time.Minute, args); err != nil {
 			return m, err
 		}
 		defer func() {
@@ -351,7 +378,7 @@ func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, tra
 	time.Sleep(200 * time.Millisecond) // settle
 	var cpu0 time.Duration
 	var progs0 progCounts
-	if tp != nil {
+	if kind == traced {
 		if h.cfg.ProgStats {
 			stats, err := enableProgStats()
 			if err != nil {
@@ -428,19 +455,21 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 	} else {
 		fc.Duration = h.cfg.Duration
 	}
-	var un, tr, unS, trS, cpu, cpuS float64
+	var un, tr, ho, unS, trS, hoS, cpu, cpuS float64
 	for round := range h.cfg.Rounds {
-		order := []bool{false, true}
-		if round%2 == 1 {
-			order = []bool{true, false}
-		}
-		for _, traced := range order {
-			m, err := h.once(ctx, c, s, fc, traced)
+		for _, kind := range roundOrder(round, h.cfg.Floor) {
+			m, err := h.once(ctx, c, s, fc, kind)
 			if err != nil {
 				return r, err
 			}
 			pps := float64(m.received) / m.secs
-			if traced {
+			switch kind {
+			case hooksOnly:
+				r.HooksOnlyPPS = append(r.HooksOnlyPPS, pps)
+				ho += float64(m.received)
+				hoS += m.secs
+				r.EventsLost += m.sum.EventsLost // none: nothing is sent
+			case traced:
 				r.TracedPPS = append(r.TracedPPS, pps)
 				tr += float64(m.received)
 				trS += m.secs
@@ -452,18 +481,22 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 				r.Skipped += m.sum.Skipped()
 				r.Answered += m.sum.Queries.Answered
 				r.Programs = addProgs(r.Programs, m.progs)
-			} else {
+			default:
 				r.UntracedPPS = append(r.UntracedPPS, pps)
 				un += float64(m.received)
 				unS += m.secs
 			}
-			h.logf("  %-13s round %d %-8s %10.0f /s (sent %d)", c.Name, round+1, map[bool]string{false: "untraced", true: "traced"}[traced], pps, m.flood.Sent)
+			h.logf("  %-13s round %d %-8s %10.0f /s (sent %d)", c.Name, round+1, kind, pps, m.flood.Sent)
 		}
 	}
 	r.Untraced, r.Traced = un/unS, tr/trS
 	r.Invalid = r.EventsLost > 0
 	if r.Untraced > 0 && !r.Invalid {
 		r.Ratio = r.Traced / r.Untraced
+	}
+	if hoS > 0 && r.Untraced > 0 {
+		r.HooksOnly = ho / hoS
+		r.HooksOnlyRatio = r.HooksOnly / r.Untraced
 	}
 	if cpuS > 0 {
 		r.TracerCPU = cpu / cpuS
@@ -479,6 +512,21 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 	return r, nil
 }
 
+// roundOrder is the order of one round's floods: alternating which goes
+// first (untraced, traced; then traced, untraced), and with the floor
+// rotating three kinds, so slow drift falls on each kind alike.
+func roundOrder(round int, floor bool) []roundKind {
+	if !floor {
+		if round%2 == 1 {
+			return []roundKind{traced, untraced}
+		}
+		return []roundKind{untraced, traced}
+	}
+	kinds := []roundKind{untraced, hooksOnly, traced}
+	i := round % len(kinds)
+	return append(kinds[i:], kinds[:i]...)
+}
+
 func (h *harness) step(ctx context.Context, rate int) (Step, error) {
 	st := Step{Rate: rate}
 	c := Case{Name: "capacity", Forward: true, DNS: true}
@@ -489,7 +537,7 @@ func (h *harness) step(ctx context.Context, rate int) (Step, error) {
 	defer s.Close()
 	fc.Rate = rate
 	fc.Sockets = max(h.cfg.Sockets, 4)
-	m, err := h.once(ctx, c, s, fc, true)
+	m, err := h.once(ctx, c, s, fc, traced)
 	if err != nil {
 		return st, err
 	}
@@ -533,6 +581,15 @@ func WriteText(w io.Writer, r *Result) {
 				c.Name, c.Untraced, c.Traced, ratio, c.Target, mark, c.TracerCPU, c.Events, c.EventsLost, perQ)
 		}
 		fmt.Fprintln(w, "(a case whose traced rounds lost records has no ratio: the tracer shed work)")
+		for _, c := range r.Cases {
+			if c.HooksOnly > 0 {
+				fmt.Fprintf(w, "%-13s hooks only (every program emptied, same hooks): %.0f/s, %.3f of untraced", c.Name, c.HooksOnly, c.HooksOnlyRatio)
+				if c.Ratio > 0 {
+					fmt.Fprintf(w, "; traced is %.3f of hooks only", c.Traced/c.HooksOnly)
+				}
+				fmt.Fprintln(w)
+			}
+		}
 		for _, c := range r.Cases {
 			if c.Skipped > 0 {
 				fmt.Fprintf(w, "%-13s the kernel skipped %d hook calls of the tracer (recursion misses)\n", c.Name, c.Skipped)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
@@ -55,6 +56,11 @@ type Options struct {
 	// kmem_cache_free hook of kernels before 6.1 needs nf_conntrack's text
 	// range from /proc/modules.
 	ProcRoot string
+	// EmptyPrograms loads every program as "return 0" and attaches it at
+	// its hook, choosing tiers and variants as usual: what the hooks alone
+	// cost this kernel, before any work (dnsrace bench --floor). Nothing is
+	// traced.
+	EmptyPrograms bool
 }
 
 // Mode is how the tracer learns what conntrack did.
@@ -271,6 +277,15 @@ func (l *loader) load(progs ...string) (*ebpf.Collection, error) {
 				if r := ins.Reference(); r != "" {
 					maps[r] = true
 				}
+			}
+		}
+		if l.opts.EmptyPrograms {
+			// The maps are still created (the reader and the counters
+			// open them); the first instruction keeps the function's
+			// symbol.
+			ps.Instructions = asm.Instructions{
+				asm.Mov.Imm(asm.R0, 0).WithMetadata(ps.Instructions[0].Metadata),
+				asm.Return(),
 			}
 		}
 	}

@@ -857,3 +857,81 @@ func TestAutoMode(t *testing.T) {
 		}
 	}
 }
+
+// TestEmptyPrograms: with EmptyPrograms the same hooks attach as without,
+// each with a two-instruction program that runs (the kernel's run counter
+// rises while a query is answered) and sends nothing.
+func TestEmptyPrograms(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	tier := testTier(t)
+	full := openTier(t, Options{Attach: tier})
+	want := map[string]string{}
+	for _, p := range full.Probes() {
+		if p.Attached {
+			want[p.Hook] = p.Program
+		}
+	}
+	full.Close()
+
+	opts := Options{Attach: tier, EmptyPrograms: true}
+	if tier == event.TierFentry && testutil.FentryLimit() != "" {
+		opts.Attach = event.TierNone // openTier's fallback, as above
+	}
+	tr := open(t, opts)
+	got := map[string]string{}
+	for _, p := range tr.Probes() {
+		if p.Attached {
+			got[p.Hook] = p.Program
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("attached with empty programs: %v, want the same as without: %v", got, want)
+	}
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		t.Fatalf("enabling BPF run-time statistics: %v", err)
+	}
+	defer stats.Close()
+
+	n := newTwoNS(t)
+	n.serveDNS(t, serverAddr, dns.RcodeNameError, 1)
+	c := collect(t, tr)
+	conn := n.dial(t, "udp4", serverAddr, 53)
+	if _, err := conn.Write(dnsQuery(t, uniqueName(t), dns.TypeA)); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Read(make([]byte, 512)); err != nil {
+		t.Fatalf("no answer from the test server: %v", err)
+	}
+	time.Sleep(2 * IdleEvery)
+	c.stop()
+	if recs := c.all(); len(recs) != 0 {
+		t.Errorf("%d records from empty programs, want none; first: %s", len(recs), describe(&recs[0]))
+	}
+	runs := uint64(0)
+	for _, coll := range tr.colls {
+		for name, p := range coll.Programs {
+			info, err := p.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ins, err := info.Instructions()
+			if err != nil {
+				t.Fatalf("%s: reading its instructions: %v", name, err)
+			}
+			if len(ins) != 2 {
+				t.Errorf("%s: %d instructions, want 2 (r0 = 0; exit)", name, len(ins))
+			}
+			st, err := p.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			runs += st.RunCount
+		}
+	}
+	if runs == 0 {
+		t.Error("no empty program ran while a query was sent and answered")
+	}
+}
