@@ -6,10 +6,13 @@ VMTEST ?= scripts/vmtest
 # Extra arguments, e.g. VMTEST_ARGS="--only 6.1" or test binary specs NAME=PATH[:PATTERN].
 VMTEST_ARGS ?=
 
-.PHONY: vmtest vmtest-selftest
+.PHONY: vmtest vmtest-full vmtest-selftest
 
 vmtest: ## Run the test binaries in every kernel of scripts/kernels.txt under qemu (root; writes .cache/vmtest)
 	$(VMTEST) $(VMTEST_ARGS)
+
+vmtest-full: ## The same with the full matrix: every trace scenario in every tier on arm64 too (past the CI budget; root)
+	$(VMTEST) --full $(VMTEST_ARGS)
 
 vmtest-selftest: ## Check the vmtest log parser and matrix printer on canned logs (no VM)
 	$(VMTEST) --self-test
