@@ -281,12 +281,13 @@ func (l *loader) load(progs ...string) (*ebpf.Collection, error) {
 		}
 		if l.opts.EmptyPrograms {
 			// The maps are still created (the reader and the counters
-			// open them); the first instruction keeps the function's
-			// symbol.
-			ps.Instructions = asm.Instructions{
-				asm.Mov.Imm(asm.R0, 0).WithMetadata(ps.Instructions[0].Metadata),
-				asm.Return(),
+			// open them). The first instruction keeps the function's
+			// symbol and BTF, not its CO-RE relocation.
+			first := asm.Mov.Imm(asm.R0, 0).WithSymbol(ps.Instructions[0].Symbol())
+			if fn := btf.FuncMetadata(&ps.Instructions[0]); fn != nil {
+				first = btf.WithFuncMetadata(first, fn)
 			}
+			ps.Instructions = asm.Instructions{first, asm.Return()}
 		}
 	}
 	for name := range cs.Programs {
