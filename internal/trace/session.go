@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,7 +27,9 @@ import (
 type Options struct {
 	Probe probe.Options
 	// Out receives incidents (and the summary, when WriteSummary is
-	// called); JSON selects JSON Lines.
+	// called); JSON selects JSON Lines. Incidents are buffered and written
+	// at each tick (every tickEvery at most) and at Stop, so a flood of
+	// them costs a write(2) per buffer, not one each.
 	Out  io.Writer
 	JSON bool
 	// ReadyFile is written once every probe is attached.
@@ -69,6 +72,7 @@ type Session struct {
 	nextTick uint64 // CLOCK_MONOTONIC ns of the next Tick between events
 	out      *json.Encoder
 	text     *TextWriter
+	buf      *bufio.Writer // under out or text; flushed at each tick
 	readErr  error
 
 	events atomic.Uint64
@@ -122,10 +126,11 @@ func Start(opts Options) (*Session, error) {
 	cfg.Wall = s.wall
 	cfg.OnIncident = s.incident
 	s.corr = correlate.New(cfg)
+	s.buf = bufio.NewWriterSize(opts.Out, outBufferSize)
 	if opts.JSON {
-		s.out = json.NewEncoder(opts.Out)
+		s.out = json.NewEncoder(s.buf)
 	} else {
-		s.text = NewTextWriter(opts.Out, opts.ShowResolved)
+		s.text = NewTextWriter(s.buf, opts.ShowResolved)
 	}
 	s.publish()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -141,8 +146,12 @@ func Start(opts Options) (*Session, error) {
 }
 
 // tickEvery is how often the correlator classifies due drops and expires
-// old state, and how often the snapshot is published.
+// old state, how often buffered incidents are written, and how often the
+// snapshot is published.
 const tickEvery = probe.IdleEvery
+
+// outBufferSize holds about a hundred JSON incidents.
+const outBufferSize = 64 << 10
 
 func (s *Session) read(ctx context.Context) {
 	defer close(s.done)
@@ -178,6 +187,9 @@ func (s *Session) tick(now uint64) {
 		}
 		s.text.Release(oldest, s.wall(now))
 	}
+	// Before publish: an incident the snapshot counts (the progress
+	// line, a SIGUSR1 checkpoint) has been written.
+	_ = s.buf.Flush()
 	s.publish()
 }
 
@@ -370,6 +382,7 @@ func (s *Session) Stop() *Summary {
 		if s.text != nil {
 			s.text.Close(s.wall(now))
 		}
+		_ = s.buf.Flush()
 		s.publish()
 		sum := s.reconcile("summary", s.snap.Load(), s.tracer.Lost())
 		st := s.tracer.Stats()
