@@ -244,17 +244,23 @@ func TestTraceSNATPort(t *testing.T) {
 }
 
 func TestTraceSameTuple(t *testing.T) {
-	tr := traceScenario(t, "same-tuple")
-	// The race needs two CPUs at the same instant. Under single-threaded
-	// emulation (the VM matrix: docs/vmtest.md, "The int3 oops") vCPUs take
-	// turns, and a 10 s run saw 0 to 3 clashes; the harness then allows more
-	// runs (DNSRACE_TEST_RACE_ATTEMPTS) until the kernel counted one. Every
-	// run is checked in full.
+	traceUntilClash(t, "same-tuple").checkRescued(t)
+}
+
+// traceUntilClash traces a scenario whose races the kernel rescues. The
+// race needs two CPUs at the same instant. Under single-threaded emulation
+// (the VM matrix: docs/vmtest.md, "The int3 oops") vCPUs take turns, and a
+// 10 s run saw 0 to 3 clashes; the harness then allows more runs
+// (DNSRACE_TEST_RACE_ATTEMPTS) until the kernel counted one. Every run is
+// checked in full.
+func traceUntilClash(t *testing.T, scenario string) *traced {
+	t.Helper()
+	tr := traceScenario(t, scenario)
 	for run := 1; tr.nat.Kernel.ClashResolve == 0 && run < raceAttempts(t); run++ {
 		t.Logf("run %d: the kernel counted no clash; running the scenario again", run)
-		tr = traceScenario(t, "same-tuple")
+		tr = traceScenario(t, scenario)
 	}
-	tr.checkRescued(t)
+	return tr
 }
 
 func TestTraceRuleDrop(t *testing.T) {
@@ -350,7 +356,7 @@ func TestTraceTargetPort(t *testing.T) {
 // (DNAT on OUTPUT, as for a host-network pod). Every clash the kernel
 // resolved there is one clash_resolved incident.
 func TestTraceLocalOut(t *testing.T) {
-	traceScenario(t, "local-out").checkRescued(t)
+	traceUntilClash(t, "local-out").checkRescued(t)
 }
 
 // TestTraceLocalOutSNAT: SNAT to a narrow range in the senders' own
