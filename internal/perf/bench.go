@@ -378,17 +378,17 @@ func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, kin
 	time.Sleep(200 * time.Millisecond) // settle
 	var cpu0 time.Duration
 	var progs0 progCounts
-	if kind == traced {
-		if h.cfg.ProgStats {
-			stats, err := enableProgStats()
-			if err != nil {
-				return m, err
-			}
-			defer stats.Close()
-			if progs0, err = readProgCounts(); err != nil {
-				return m, err
-			}
+	if kind == traced && h.cfg.ProgStats {
+		stats, err := enableProgStats()
+		if err != nil {
+			return m, err
 		}
+		defer stats.Close()
+		if progs0, err = readProgCounts(); err != nil {
+			return m, err
+		}
+	}
+	if tp != nil {
 		cpu0, _ = procCPU(tp.pid())
 	}
 	t0 := time.Now()
