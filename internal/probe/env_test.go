@@ -253,6 +253,23 @@ func (n *twoNS) dial(t *testing.T, network, dst string, port int) *net.UDPConn {
 	return c
 }
 
+// listen returns an unconnected UDP socket of the client namespace bound
+// to no address (as musl's resolver sends, with sendto): the send hooks
+// see no source address.
+func (n *twoNS) listen(t *testing.T, network string) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	err := inNS(n.client, func() (err error) {
+		c, err = net.ListenUDP(network, nil)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("opening an unconnected socket in the client netns: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // sendUDP sends payload from the client namespace to dst:port.
 func (n *twoNS) sendUDP(t *testing.T, dst string, port int, payload []byte) {
 	t.Helper()

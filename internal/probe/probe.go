@@ -130,6 +130,11 @@ func Open(opts Options) (*Tracer, error) {
 
 	t.mode = ModeTracepoint
 	if opts.Attach != event.TierTracepoint {
+		// The function hooks' programs are built for the function mode
+		// (track_cts off: their flow lookups also try a key without the
+		// source address, which an unconnected socket's send has not got);
+		// they are released if the mode falls back.
+		t.mode = ModeFunction
 		fn := make([]attached, 0, len(functionHooks))
 		for _, h := range functionHooks {
 			a, err := l.function(h)
@@ -139,11 +144,11 @@ func Open(opts Options) (*Tracer, error) {
 			fn = append(fn, a)
 		}
 		if need := neededForFunctionMode(fn); need == "" {
-			t.mode = ModeFunction
 			for _, a := range fn {
 				t.keep(a)
 			}
 		} else {
+			t.mode = ModeTracepoint
 			// Without the confirm or delivery hook the function tier
 			// cannot tell what happened: everything goes through the
 			// tracepoints, so nothing is seen twice.
