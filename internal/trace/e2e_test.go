@@ -165,6 +165,9 @@ func traceScenario(t *testing.T, name string) *traced {
 	}
 	t.Logf("lab: lookups %d stalls %d timeouts %d lost %d conntrack %+v in netns %v", rep.Lookups, rep.Stalls, rep.StallTimeout, rep.LostReplies, rep.Conntrack, rep.NATNetNS)
 	t.Logf("trace: %d incidents in the lab's pods; NAT netns kernel %+v attributed %+v; events lost %d", len(tr.incidents), tr.nat.Kernel, tr.nat.Attributed, tr.sum.EventsLost)
+	if kf := tr.sum.KernelFlows; kf != nil {
+		t.Logf("trace: queries %d, answered %d (kernel: flows started %d, answered %d, live %d)", tr.sum.Queries.Queries, tr.sum.Queries.Answered, kf.Started, kf.Answered, kf.Live)
+	}
 	if q := tr.sum.Queries; q.Evicted > 0 {
 		// The tracer follows every namespace: another DNS flood on the
 		// machine (a bench, a second test package run in parallel) can
@@ -226,6 +229,15 @@ func (tr *traced) checkStalls(t *testing.T, cause string) {
 		}
 		if s := inc.QType.String(); s != "A" && s != "AAAA" {
 			t.Errorf("incident %d: qtype %q", inc.ID, inc.QType)
+		}
+		// Each lab scenario loses packets one way: a lost packet of
+		// another cause is a query whose answer the tracer missed (as
+		// the function tiers did for unconnected sockets until the send
+		// key without a source address was looked up).
+		for _, p := range inc.Lost {
+			if p.Cause != cause {
+				t.Errorf("incident %d (%s): lost packet %s id %d of cause %s", inc.ID, cause, p.QType, p.ID, p.Cause)
+			}
 		}
 	}
 	for _, c := range correlate.Causes {
