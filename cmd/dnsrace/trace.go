@@ -92,6 +92,7 @@ type traceFlags struct {
 	showResolved bool
 	cpuProfile   string
 	emptyProgs   bool
+	readerNice   int
 }
 
 func (f *traceFlags) register(fs *pflag.FlagSet) {
@@ -118,6 +119,7 @@ func (f *traceFlags) register(fs *pflag.FlagSet) {
 	_ = fs.MarkHidden("cpuprofile")
 	fs.BoolVar(&f.emptyProgs, "empty-programs", false, "attach every hook with a program that returns at once and trace nothing: what the hooks alone cost (dnsrace bench --floor)")
 	_ = fs.MarkHidden("empty-programs")
+	fs.IntVar(&f.readerNice, "reader-nice", 0, "nice value (-20 to 19) of the thread that reads the kernel's records; below 0 it keeps up when a flood leaves more runnable threads than CPUs (needs CAP_SYS_NICE)")
 	fs.BoolVar(&f.showResolved, "show-resolved", false, "list every race the kernel rescued (text output; by default they are summed up per pod every 10 s)")
 }
 
@@ -173,6 +175,9 @@ func (f *traceFlags) probeOptions() (probe.Options, error) {
 	}
 	o.RingBufferSize = f.ringSize
 	o.EmptyPrograms = f.emptyProgs
+	if f.readerNice < -20 || f.readerNice > 19 {
+		return o, usagef("--reader-nice %d: want -20 to 19", f.readerNice)
+	}
 	if f.duration < 0 {
 		return o, usagef("--duration must not be negative")
 	}
@@ -355,7 +360,7 @@ func runTrace(ctx context.Context, args []string) error {
 			}
 		}()
 	}
-	topts := trace.Options{Probe: opts, Out: out, JSON: f.json, ReadyFile: f.readyFile, ProcRoot: f.procRoot, ShowResolved: f.showResolved}
+	topts := trace.Options{Probe: opts, Out: out, JSON: f.json, ReadyFile: f.readyFile, ProcRoot: f.procRoot, ShowResolved: f.showResolved, ReaderNice: f.readerNice}
 	if f.pods && !f.listProbes {
 		topts.Pods = podinfo.New(podinfo.Config{ProcRoot: f.procRoot, Root: f.root})
 	}

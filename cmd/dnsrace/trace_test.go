@@ -41,6 +41,7 @@ func TestTraceBadInput(t *testing.T) {
 		{"trace", "--port", "0"},
 		{"trace", "--attach", "uprobe"},
 		{"trace", "--ring-buffer-size", "1000"},
+		{"trace", "--reader-nice", "30"},
 		{"trace", "--netns", "/nonexistent/ns"},
 		{"trace", "--kernel-btf", "/nonexistent.btf"},
 	} {

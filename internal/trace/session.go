@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -34,7 +35,8 @@ type Options struct {
 	JSON bool
 	// ReadyFile is written once every probe is attached.
 	ReadyFile string
-	// OnIncident is called for every incident, after it is written.
+	// OnIncident is called for every incident, after it is formatted for
+	// Out (it reaches Out at the next tick).
 	OnIncident func(*correlate.Incident)
 	// Correlate tunes the correlator (OnIncident, Counters, ReasonName,
 	// Location and Wall are set by the session).
@@ -47,6 +49,11 @@ type Options struct {
 	// ShowResolved lists every race the kernel rescued in the text
 	// output, instead of summing them up per pod every 10 s.
 	ShowResolved bool
+	// ReaderNice, when not 0, is the nice value of the reader's thread
+	// (the thread is locked to it): below 0 it gets more of a CPU its
+	// floods share with more runnable threads than there are CPUs
+	// (needs CAP_SYS_NICE; Start fails if it cannot be set).
+	ReaderNice int
 }
 
 // Session is one running trace.
@@ -135,7 +142,12 @@ func Start(opts Options) (*Session, error) {
 	s.publish()
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	go s.read(ctx)
+	niced := make(chan error, 1)
+	go s.read(ctx, niced)
+	if err := <-niced; err != nil {
+		s.Stop()
+		return nil, err
+	}
 	if opts.ReadyFile != "" {
 		if err := os.WriteFile(opts.ReadyFile, []byte("ready\n"), 0o644); err != nil {
 			s.Stop()
@@ -153,8 +165,20 @@ const tickEvery = probe.IdleEvery
 // outBufferSize holds about a hundred JSON incidents.
 const outBufferSize = 64 << 10
 
-func (s *Session) read(ctx context.Context) {
+// read is the reader. It reports on niced whether its thread took
+// Options.ReaderNice before it reads anything.
+func (s *Session) read(ctx context.Context, niced chan<- error) {
 	defer close(s.done)
+	if n := s.opts.ReaderNice; n != 0 {
+		// The thread ends with the goroutine (no UnlockOSThread), so
+		// its nice value is never handed to other goroutines.
+		runtime.LockOSThread()
+		if err := unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), n); err != nil {
+			niced <- fmt.Errorf("setting the reader's nice value to %d: %w", n, err)
+			return
+		}
+	}
+	niced <- nil
 	s.readErr = s.tracer.Read(ctx, s.handle, func() { s.tick(monoNow()) })
 }
 
