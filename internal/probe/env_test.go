@@ -270,6 +270,23 @@ func (n *twoNS) listen(t *testing.T, network string) *net.UDPConn {
 	return c
 }
 
+// exchange writes query on conn (to to, when conn is not connected) and
+// waits up to 5 s for the reply.
+func exchange(conn *net.UDPConn, to *net.UDPAddr, query []byte) error {
+	var err error
+	if to == nil {
+		_, err = conn.Write(query)
+	} else {
+		_, err = conn.WriteTo(query, to)
+	}
+	if err != nil {
+		return err
+	}
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _, err = conn.ReadFrom(make([]byte, 512))
+	return err
+}
+
 // sendUDP sends payload from the client namespace to dst:port.
 func (n *twoNS) sendUDP(t *testing.T, dst string, port int, payload []byte) {
 	t.Helper()

@@ -94,20 +94,13 @@ func TestQueryAnswered(t *testing.T) {
 			c := collect(t, tr)
 			qname := uniqueName(t)
 			var conn *net.UDPConn
-			var err error
+			var to *net.UDPAddr // unconnected: the destination of each send
 			if tc.connect {
 				conn = n.dial(t, network, server, 53)
-				_, err = conn.Write(dnsQuery(t, qname, dns.TypeA))
 			} else {
-				conn = n.listen(t, network)
-				_, err = conn.WriteTo(dnsQuery(t, qname, dns.TypeA), &net.UDPAddr{IP: net.ParseIP(server), Port: 53})
+				conn, to = n.listen(t, network), &net.UDPAddr{IP: net.ParseIP(server), Port: 53}
 			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-			buf := make([]byte, 512)
-			if _, _, err := conn.ReadFrom(buf); err != nil {
+			if err := exchange(conn, to, dnsQuery(t, qname, dns.TypeA)); err != nil {
 				t.Fatalf("no answer from the test server: %v", err)
 			}
 			q := c.query(t, qname)
@@ -238,12 +231,7 @@ func TestNATToAnotherPort(t *testing.T) {
 	c := collect(t, tr)
 	for i := range 3 {
 		qname := uniqueName(t)
-		conn := n.dial(t, "udp4", vipAddr, 53)
-		if _, err := conn.Write(dnsQuery(t, qname, dns.TypeA)); err != nil {
-			t.Fatal(err)
-		}
-		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-		if _, err := conn.Read(make([]byte, 512)); err != nil {
+		if err := exchange(n.dial(t, "udp4", vipAddr, 53), nil, dnsQuery(t, qname, dns.TypeA)); err != nil {
 			t.Fatalf("query %d: no answer through the DNAT: %v", i, err)
 		}
 		q := c.query(t, qname)
@@ -911,12 +899,7 @@ func TestEmptyPrograms(t *testing.T) {
 	n := newTwoNS(t)
 	n.serveDNS(t, serverAddr, dns.RcodeNameError, 1)
 	c := collect(t, tr)
-	conn := n.dial(t, "udp4", serverAddr, 53)
-	if _, err := conn.Write(dnsQuery(t, uniqueName(t), dns.TypeA)); err != nil {
-		t.Fatal(err)
-	}
-	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := conn.Read(make([]byte, 512)); err != nil {
+	if err := exchange(n.dial(t, "udp4", serverAddr, 53), nil, dnsQuery(t, uniqueName(t), dns.TypeA)); err != nil {
 		t.Fatalf("no answer from the test server: %v", err)
 	}
 	time.Sleep(2 * IdleEvery)
