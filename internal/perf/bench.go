@@ -455,7 +455,11 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 	} else {
 		fc.Duration = h.cfg.Duration
 	}
-	var un, tr, ho, unS, trS, hoS, cpu, cpuS float64
+	// Per kind of round: each round's rate, and the units and seconds of
+	// all its rounds.
+	perRound := [...]*[]float64{untraced: &r.UntracedPPS, traced: &r.TracedPPS, hooksOnly: &r.HooksOnlyPPS}
+	var units, secs [len(perRound)]float64
+	var cpu, cpuS float64
 	for round := range h.cfg.Rounds {
 		for _, kind := range roundOrder(round, h.cfg.Floor) {
 			m, err := h.once(ctx, c, s, fc, kind)
@@ -463,16 +467,13 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 				return r, err
 			}
 			pps := float64(m.received) / m.secs
+			*perRound[kind] = append(*perRound[kind], pps)
+			units[kind] += float64(m.received)
+			secs[kind] += m.secs
 			switch kind {
 			case hooksOnly:
-				r.HooksOnlyPPS = append(r.HooksOnlyPPS, pps)
-				ho += float64(m.received)
-				hoS += m.secs
 				r.EventsLost += m.sum.EventsLost // none: nothing is sent
 			case traced:
-				r.TracedPPS = append(r.TracedPPS, pps)
-				tr += float64(m.received)
-				trS += m.secs
 				cpu += m.cpu.Seconds()
 				cpuS += m.cpuSecs
 				r.Events += m.sum.Events
@@ -481,27 +482,23 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 				r.Skipped += m.sum.Skipped()
 				r.Answered += m.sum.Queries.Answered
 				r.Programs = addProgs(r.Programs, m.progs)
-			default:
-				r.UntracedPPS = append(r.UntracedPPS, pps)
-				un += float64(m.received)
-				unS += m.secs
 			}
 			h.logf("  %-13s round %d %-8s %10.0f /s (sent %d)", c.Name, round+1, kind, pps, m.flood.Sent)
 		}
 	}
-	r.Untraced, r.Traced = un/unS, tr/trS
+	r.Untraced, r.Traced = units[untraced]/secs[untraced], units[traced]/secs[traced]
 	r.Invalid = r.EventsLost > 0
 	if r.Untraced > 0 && !r.Invalid {
 		r.Ratio = r.Traced / r.Untraced
 	}
-	if hoS > 0 && r.Untraced > 0 {
-		r.HooksOnly = ho / hoS
+	if secs[hooksOnly] > 0 && r.Untraced > 0 {
+		r.HooksOnly = units[hooksOnly] / secs[hooksOnly]
 		r.HooksOnlyRatio = r.HooksOnly / r.Untraced
 	}
 	if cpuS > 0 {
 		r.TracerCPU = cpu / cpuS
 	}
-	if tr > 0 && len(r.Programs) > 0 {
+	if tr := units[traced]; tr > 0 && len(r.Programs) > 0 {
 		r.TracedUnits = tr
 		r.KernelNsUnit = float64(progTime(r.Programs)) / tr
 	}
