@@ -211,8 +211,13 @@ func (s *Session) tick(now uint64) {
 		}
 		s.text.Release(oldest, s.wall(now))
 	}
-	// Before publish: an incident the snapshot counts (the progress
-	// line, a SIGUSR1 checkpoint) has been written.
+	s.flushAndPublish()
+}
+
+// flushAndPublish writes the buffered incidents, then publishes: an
+// incident the snapshot counts (the progress line, a SIGUSR1 checkpoint)
+// has been written.
+func (s *Session) flushAndPublish() {
 	_ = s.buf.Flush()
 	s.publish()
 }
@@ -406,8 +411,7 @@ func (s *Session) Stop() *Summary {
 		if s.text != nil {
 			s.text.Close(s.wall(now))
 		}
-		_ = s.buf.Flush()
-		s.publish()
+		s.flushAndPublish()
 		sum := s.reconcile("summary", s.snap.Load(), s.tracer.Lost())
 		st := s.tracer.Stats()
 		kf := &KernelFlows{Started: st.FlowsNew, Answered: st.FlowsAnswered, Live: s.tracer.FlowsLive()}
