@@ -109,7 +109,6 @@ struct flow_key {
 struct flow {
 	__u64 qid;
 	__u64 ts;    /* last seen */
-	__u64 skb;   /* last skb that carried it */
 	__u32 netns; /* the asking namespace */
 	__u32 _pad;
 };
@@ -164,6 +163,7 @@ enum ctmark_flags {
 	CTM_CONFIRMED = 1, /* seen confirmed: in ct_tuples */
 	CTM_NAT_CLASH = 2, /* reported as a NAT_CLASH loser */
 	CTM_DROPPED = 4,   /* its packet was dropped: its free is no rescue */
+	CTM_NAT = 8,       /* NAT changed its tuple: answers come by its reply tuple */
 };
 
 /* A mark holds the entry's original tuple too: the slab hands a freed
@@ -172,7 +172,7 @@ enum ctmark_flags {
 struct ctmark {
 	__u64 qid;
 	__u32 flags;
-	__u32 _pad;
+	__u32 asker; /* the namespace its first query was asked from */
 	struct tuple orig;
 };
 
@@ -341,13 +341,34 @@ static __always_inline void stat_inc(__u32 i)
 		*n += 1; /* per-CPU slot: no atomics needed */
 }
 
+/* Records a CPU sends between two looks at how full the ring is. */
+#define RING_CHECK_EVERY 32
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} ring_sends SEC(".maps");
+
+/* The slot's key lives in .rodata: the callers' stacks are full. */
+static const __u32 ring_sends_key = 0;
+
 /* output sends one record. The reader is woken only once a good part of
  * the ring is queued; otherwise it drains the ring on its own deadline, so
- * a busy node does not pay a wakeup per record. */
+ * a busy node does not pay a wakeup per record. How full the ring is is
+ * asked only every RING_CHECK_EVERY records a CPU sends: the answer reads
+ * the reader's position, a cache line the reader keeps writing, and that
+ * read cost a quarter of a microsecond per record when a flood's two ends
+ * and the reader shared two CPUs (--prog-stats). A wakeup is then late by
+ * at most that many records per CPU, against a threshold of 1/8 of the
+ * ring. */
 static __always_inline void output(void *rec, __u64 size)
 {
+	__u32 *sent = bpf_map_lookup_elem(&ring_sends, &ring_sends_key);
 	__u64 flags = BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= cfg.wakeup_bytes)
+	if (sent && (++*sent & (RING_CHECK_EVERY - 1)) == 0 &&
+	    bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= cfg.wakeup_bytes)
 		flags = BPF_RB_FORCE_WAKEUP;
 	if (bpf_ringbuf_output(&events, rec, size, flags))
 		stat_inc(STAT_RING_LOST);
@@ -712,11 +733,11 @@ static __always_inline void forget_answer(struct ans_key *ak)
 
 /* new_flow starts a flow (counted in its asking namespace's askers slot)
  * and sends the QUERY record. Its answer is found by its key reversed. */
-static __always_inline __u64 new_flow(struct flow_key *k, __u64 skb, __u32 netns, __u64 payload, __u32 len,
-				      bool user, __u8 tier, __u8 flags)
+static __always_inline __u64 new_flow(struct flow_key *k, __u32 netns, __u64 payload, __u32 len, bool user,
+				      __u8 tier, __u8 flags)
 {
 	__u64 qid = new_qid();
-	struct flow f = {.qid = qid, .ts = bpf_ktime_get_ns(), .skb = skb, .netns = netns};
+	struct flow f = {.qid = qid, .ts = bpf_ktime_get_ns(), .netns = netns};
 	count_asker(netns, 1);
 	bpf_map_update_elem(&flows, k, &f, BPF_ANY);
 	stat_inc(STAT_FLOWS_NEW);
@@ -730,23 +751,22 @@ static __always_inline __u64 new_flow(struct flow_key *k, __u64 skb, __u32 netns
 /* track_query returns the qid of the query a packet carries: a flow seen
  * moments ago is a hop of it; otherwise, where the hook may (create), a new
  * query starts here. */
-static __always_inline __u64 track_query(struct sk_buff *skb, struct seen *s, struct flow_key *k, bool create,
+static __always_inline __u64 track_query(struct seen *s, struct flow_key *k, bool create,
 					 __u8 tier, __u8 flags, __u32 *asker)
 {
 	struct flow *f = lookup_flow(k);
 	__u64 now = bpf_ktime_get_ns();
-	/* A resend reuses the socket and the DNS id, and often the freed skb's
-	 * address too: only time tells it from a hop. */
+	/* A resend reuses the socket and the DNS id: only time tells it from
+	 * a hop. */
 	if (f && now - f->ts < RESEND_GAP_NS) {
 		f->ts = now;
-		f->skb = (__u64)skb;
 		*asker = f->netns;
 		return f->qid;
 	}
 	if (!create)
 		return 0;
 	*asker = s->netns;
-	return new_flow(k, (__u64)skb, s->netns, s->p.payload, s->p.payload_len, false, tier, flags);
+	return new_flow(k, s->netns, s->p.payload, s->p.payload_len, false, tier, flags);
 }
 
 /* What lookup_answer found: the query a response answers and its flow;
@@ -946,18 +966,39 @@ static __always_inline void expect_at_reply(struct seen *s, __u64 qid, const str
 	}
 }
 
+/* tuple_reversed: a is b the other way round, so no NAT changed the
+ * entry. When NAT did, in the asking namespace itself, the answers arrive
+ * there with the entry's reply tuple rather than the flow's key reversed. */
+static __always_inline bool tuple_reversed(const struct tuple *a, const struct tuple *b)
+{
+	return !__builtin_memcmp(a->saddr, b->daddr, 16) && !__builtin_memcmp(a->daddr, b->saddr, 16) &&
+	       a->sport == b->dport && a->dport == b->sport;
+}
+
+/* seen_marked: the entry is already known (seen confirmed, or reported as
+ * a NAT_CLASH loser) under this original tuple; *m is its mark. */
+static __always_inline struct ctmark *seen_marked(struct seen *s)
+{
+	__u64 ctp = (__u64)s->ct;
+	struct ctmark *m = bpf_map_lookup_elem(&cts, &ctp);
+	if (m && (m->flags & (CTM_CONFIRMED | CTM_NAT_CLASH)) && !__builtin_memcmp(&m->orig, &s->orig, sizeof(s->orig)))
+		return m;
+	return NULL;
+}
+
 /* note_ct runs where a tracked query's packet carries an entry (device
  * hooks): the first time an entry is seen confirmed it is remembered by
  * both tuples and losers waiting for it are resolved; a loser inserted
  * reply-only (NAT_CLASH) is reported once. Where NAT ran in the asking
- * namespace, every query's answer is also expected by the reply tuple. */
+ * namespace, every query's answer is also expected by the reply tuple
+ * (elsewhere the flow's key reversed finds it: no entry needed). */
 static __always_inline void note_ct(struct seen *s, __u64 qid, __u32 asker, __u8 tier)
 {
 	__u64 ctp = (__u64)s->ct;
 	struct tuple reply = {};
-	struct ctmark *m = bpf_map_lookup_elem(&cts, &ctp);
-	if (m && (m->flags & (CTM_CONFIRMED | CTM_NAT_CLASH)) && !__builtin_memcmp(&m->orig, &s->orig, sizeof(s->orig))) {
-		if (s->netns == asker) {
+	struct ctmark *m = seen_marked(s);
+	if (m) {
+		if ((m->flags & CTM_NAT) && s->netns == asker) {
 			read_tuple(&reply, s->ct, 1);
 			expect_at_reply(s, qid, &reply);
 		}
@@ -969,14 +1010,15 @@ static __always_inline void note_ct(struct seen *s, __u64 qid, __u32 asker, __u8
 		return;
 	announce_netns(s->netns, tier);
 	read_tuple(&reply, s->ct, 1);
-	if (s->netns == asker)
+	__u32 nat = tuple_reversed(&reply, &s->orig) ? 0 : CTM_NAT;
+	if (nat && s->netns == asker)
 		expect_at_reply(s, qid, &reply);
 	struct ct_ref ref = {.ct = ctp, .qid = qid};
 	struct ct_tuple_key k = {};
 	if (status & IPS_NAT_CLASH) {
 		/* Inserted in the reply direction only: it holds its reply
 		 * tuple; the original one belongs to the winner. */
-		struct ctmark nm = {.qid = qid, .flags = CTM_NAT_CLASH, .orig = s->orig};
+		struct ctmark nm = {.qid = qid, .flags = CTM_NAT_CLASH | nat, .asker = asker, .orig = s->orig};
 		bpf_map_update_elem(&cts, &ctp, &nm, BPF_ANY);
 		tuple_key(&k, s->netns, 1, &reply);
 		bpf_map_update_elem(&ct_tuples, &k, &ref, BPF_ANY);
@@ -989,7 +1031,7 @@ static __always_inline void note_ct(struct seen *s, __u64 qid, __u32 asker, __u8
 		emit_event(b, EV_NAT_CLASH, tier, qid, s->netns, 0, 0);
 		return;
 	}
-	struct ctmark nm = {.qid = qid, .flags = CTM_CONFIRMED, .orig = s->orig};
+	struct ctmark nm = {.qid = qid, .flags = CTM_CONFIRMED | nat, .asker = asker, .orig = s->orig};
 	bpf_map_update_elem(&cts, &ctp, &nm, BPF_ANY);
 	tuple_key(&k, s->netns, 0, &s->orig);
 	bpf_map_update_elem(&ct_tuples, &k, &ref, BPF_ANY);
@@ -1035,10 +1077,21 @@ static __always_inline int device(struct sk_buff *skb, bool egress)
 		answer(&s, &s.p.t, TIER_TRACEPOINT);
 		return 0;
 	}
+	/* Ingress is never a first sight, so a query's hop there can only
+	 * teach something about its entry: with none (the namespace's own
+	 * conntrack has not run yet), or one already known and with no answer
+	 * to expect by its reply tuple here, the hop changes nothing. */
+	if (!egress) {
+		if (!s.ct || !track_cts)
+			return 0;
+		struct ctmark *m = seen_marked(&s);
+		if (m && !((m->flags & CTM_NAT) && s.netns == m->asker))
+			return 0;
+	}
 	struct flow_key k;
 	query_key(&k, &s);
 	__u32 asker = 0;
-	__u64 qid = track_query(skb, &s, &k, egress, TIER_TRACEPOINT, 0, &asker);
+	__u64 qid = track_query(&s, &k, egress, TIER_TRACEPOINT, 0, &asker);
 	if (qid && s.ct && track_cts)
 		note_ct(&s, qid, asker, TIER_TRACEPOINT);
 	return 0;
@@ -1108,7 +1161,7 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 		struct flow_key k;
 		query_key(&k, &s);
 		__u32 asker = 0;
-		qid = track_query(skb, &s, &k, true, tier, track_cts ? 0 : RF_NO_SOCKET, &asker);
+		qid = track_query(&s, &k, true, tier, track_cts ? 0 : RF_NO_SOCKET, &asker);
 	}
 	if (s.ct)
 		announce_netns(s.netns, tier); /* before b: it uses the scratch */
@@ -1326,7 +1379,7 @@ static __always_inline bool confirm_enter(struct pending_confirm *pc, struct sk_
 	struct flow_key k;
 	query_key(&k, &s);
 	__u32 asker = 0;
-	pc->qid = track_query(skb, &s, &k, true, tier, RF_NO_SOCKET, &asker);
+	pc->qid = track_query(&s, &k, true, tier, RF_NO_SOCKET, &asker);
 	pc->netns = s.netns;
 	pc->pkt = s.p.t;
 	read_ct(&pc->ct, s.ct);
@@ -1637,7 +1690,7 @@ static __always_inline int send(struct sock *sk, struct msghdr *msg, __u8 tier, 
 		return 0; /* a response (a DNS server's send) */
 	struct flow_key k;
 	key_from(&k, &t, bpf_ntohs(h[0]), false);
-	new_flow(&k, 0, netns, base, avail > DNS_CAP ? DNS_CAP : avail, true, tier, 0);
+	new_flow(&k, netns, base, avail > DNS_CAP ? DNS_CAP : avail, true, tier, 0);
 	return 0;
 }
 

@@ -110,7 +110,7 @@ type DnsraceCtmark struct {
 	_     structs.HostLayout
 	Qid   uint64
 	Flags uint32
-	Pad   uint32
+	Asker uint32
 	Orig  struct {
 		_      structs.HostLayout
 		Saddr  [16]uint8
@@ -156,7 +156,6 @@ type DnsraceFlow struct {
 	_     structs.HostLayout
 	Qid   uint64
 	Ts    uint64
-	Skb   uint64
 	Netns uint32
 	Pad   uint32
 }
@@ -379,6 +378,7 @@ const (
 	DnsraceMapQidSeq                  = "qid_seq"
 	DnsraceMapQueryScratch            = "query_scratch"
 	DnsraceMapReplyPorts              = "reply_ports"
+	DnsraceMapRingSends               = "ring_sends"
 	DnsraceMapStats                   = "stats"
 	DnsraceMapUnresolved              = "unresolved"
 	DnsraceProgFeNfConntrackConfirm   = "fe_nf_conntrack_confirm"
@@ -502,6 +502,7 @@ type DnsraceMapSpecs struct {
 	QidSeq         *ebpf.MapSpec `ebpf:"qid_seq"`
 	QueryScratch   *ebpf.MapSpec `ebpf:"query_scratch"`
 	ReplyPorts     *ebpf.MapSpec `ebpf:"reply_ports"`
+	RingSends      *ebpf.MapSpec `ebpf:"ring_sends"`
 	Stats          *ebpf.MapSpec `ebpf:"stats"`
 	Unresolved     *ebpf.MapSpec `ebpf:"unresolved"`
 }
@@ -559,6 +560,7 @@ type DnsraceMaps struct {
 	QidSeq         *ebpf.Map `ebpf:"qid_seq"`
 	QueryScratch   *ebpf.Map `ebpf:"query_scratch"`
 	ReplyPorts     *ebpf.Map `ebpf:"reply_ports"`
+	RingSends      *ebpf.Map `ebpf:"ring_sends"`
 	Stats          *ebpf.Map `ebpf:"stats"`
 	Unresolved     *ebpf.Map `ebpf:"unresolved"`
 }
@@ -581,6 +583,7 @@ func (m *DnsraceMaps) Close() error {
 		m.QidSeq,
 		m.QueryScratch,
 		m.ReplyPorts,
+		m.RingSends,
 		m.Stats,
 		m.Unresolved,
 	)

@@ -1,0 +1,113 @@
+package probe
+
+import (
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/google/nftables"
+	"github.com/miekg/dns"
+
+	"github.com/dnsrace/dnsrace/internal/event"
+	"github.com/dnsrace/dnsrace/internal/testutil"
+)
+
+// TestAnsweredLeavesNoEntries: once its answer is in, a query leaves
+// nothing in the kernel's maps: no flow, no entry expecting its answer by
+// the reply tuple, and its namespace's askers slot back where it was, both
+// where the asking namespace's own conntrack tracks the query without NAT
+// (its answer comes back by the flow's key reversed; entries made for it
+// would never be deleted) and where it DNATs the query (the answer comes
+// back by the entry's reply tuple).
+func TestAnsweredLeavesNoEntries(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	for _, tc := range []struct {
+		name  string
+		dnat  bool
+		ctype nftables.ChainType
+		prio  *nftables.ChainPriority
+	}{
+		{"conntrack", false, nftables.ChainTypeFilter, nftables.ChainPriorityFilter},
+		{"dnat", true, nftables.ChainTypeNAT, nftables.ChainPriorityNATDest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newTwoNS(t)
+			to := serverAddr
+			rule := ctStateNew() // makes the client's own conntrack track the query
+			if tc.dnat {
+				to, rule = vipAddr, join(ipDaddr(vipAddr), udpDport(53), dnatTo(serverAddr))
+			}
+			nftRules(t, n.client, nftables.TableFamilyIPv4, tc.ctype, nftables.ChainHookOutput, tc.prio, rule...)
+			n.serveDNS(t, serverAddr, dns.RcodeSuccess, 1)
+			tr := openTier(t, Options{Attach: testTier(t)})
+			c := collect(t, tr)
+			conn := n.dial(t, "udp4", to, 53) // one entry, ten queries
+			for i := range 10 {
+				qname := uniqueName(t)
+				if err := exchange(conn, nil, dnsQuery(t, qname, dns.TypeA)); err != nil {
+					t.Fatalf("query %d: no answer: %v", i, err)
+				}
+				q := c.query(t, qname)
+				if _, ok := c.wait(5*time.Second, func(e *event.Event) bool { return e.Kind == event.KindAnswer && e.QID == q.QID }); !ok {
+					c.dump(t)
+					t.Fatalf("query %d: no ANSWER record", i)
+				}
+			}
+			slot := n.clientIno & (askerSlots - 1)
+			var inSlot uint32
+			forEachEntry(t, tr, "flows", func(k, v []byte) {
+				ns := binary.NativeEndian.Uint32(v[16:])
+				if ns == n.clientIno {
+					t.Errorf("a flow of the client namespace is left: key %x value %x", k, v)
+				}
+				if ns&(askerSlots-1) == slot {
+					inSlot++
+				}
+			})
+			forEachEntry(t, tr, "answers", func(k, v []byte) {
+				ns := binary.NativeEndian.Uint32(k)
+				if ns == n.clientIno {
+					t.Errorf("an answers entry of the client namespace is left: key %x", k)
+				}
+				if ns&(askerSlots-1) == slot {
+					inSlot++
+				}
+			})
+			var count uint32
+			if err := mapOf(t, tr, "askers").Lookup(slot, &count); err != nil {
+				t.Fatal(err)
+			}
+			if count != inSlot {
+				t.Errorf("askers slot of the client namespace is %d, want %d (the entries made there and still held)", count, inSlot)
+			}
+		})
+	}
+}
+
+// askerSlots is ASKER_SLOTS in bpf/dnsrace.bpf.c.
+const askerSlots = 4096
+
+func mapOf(t *testing.T, tr *Tracer, name string) *ebpf.Map {
+	t.Helper()
+	for _, coll := range tr.colls {
+		if m := coll.Maps[name]; m != nil {
+			return m
+		}
+	}
+	t.Fatalf("no map %q in the tracer's collections", name)
+	return nil
+}
+
+func forEachEntry(t *testing.T, tr *Tracer, name string, fn func(k, v []byte)) {
+	t.Helper()
+	var k, v []byte
+	it := mapOf(t, tr, name).Iterate()
+	for it.Next(&k, &v) {
+		fn(k, v)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatalf("iterating %s: %v", name, err)
+	}
+}
