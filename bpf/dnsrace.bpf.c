@@ -745,6 +745,13 @@ static __always_inline __u64 new_flow(struct flow_key *k, __u32 netns, __u64 pay
 	__builtin_memcpy(t.saddr, k->saddr, 16);
 	__builtin_memcpy(t.daddr, k->daddr, 16);
 	emit_query(qid, netns, &t, payload, len, user, tier, flags);
+	/* A lookup sets the new entry's reference bit. When the map is full
+	 * (queries nobody answers pile up), an entry inserted and never looked
+	 * up is among the first the LRU evicts (a CPU short of free entries
+	 * even takes them from the lists of entries just inserted), so a flow
+	 * could go before its answer came back, unless a hop on its path
+	 * happened to look it up. */
+	bpf_map_lookup_elem(&flows, k);
 	return qid;
 }
 
@@ -812,6 +819,44 @@ static __always_inline bool lookup_answer(struct found *o, __u32 netns, const st
 	return true;
 }
 
+/* The last answer each CPU matched, for a drop of that answer moments
+ * later: the tracepoint tier matches an answer at the asking namespace's
+ * device, before the socket can still drop it (a full receive buffer), and
+ * the flow is gone by then. The socket's receive runs on the CPU that
+ * matched it, within the same softirq (or the loopback send's), so one slot
+ * per CPU finds it; a per-CPU write instead of an LRU insert per answer. */
+struct answered {
+	struct flow_key fk;
+	__u64 qid;
+	__u64 ts;
+	__u32 netns;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct answered);
+} last_answered SEC(".maps");
+
+/* A drop of a matched answer later than this is of another copy of it. */
+#define ANSWERED_NS (100ULL * 1000 * 1000)
+
+/* just_answered: the query whose answer with tuple t and DNS id this CPU
+ * matched moments ago in netns, or 0. o->fk is scratch. */
+static __always_inline __u64 just_answered(struct found *o, __u32 netns, const struct tuple *t, __u16 id)
+{
+	__u32 zero = 0;
+	struct answered *a = bpf_map_lookup_elem(&last_answered, &zero);
+	if (!a || !a->qid || a->netns != netns || bpf_ktime_get_ns() - a->ts > ANSWERED_NS)
+		return 0;
+	key_from(&o->fk, t, id, true);
+	if (!__builtin_memcmp(&o->fk, &a->fk, sizeof(o->fk)))
+		return a->qid;
+	return 0;
+}
+
 /* answer sends the ANSWER record when a response is where its query's
  * asker will see it, and ends the flow. */
 static __always_inline bool answer(struct seen *s, const struct tuple *t, __u8 tier)
@@ -829,6 +874,14 @@ static __always_inline bool answer(struct seen *s, const struct tuple *t, __u8 t
 	if (!bpf_map_delete_elem(&flows, &o.fk))
 		count_asker(s->netns, -1); /* o.f->netns: lookup_answer checked */
 	stat_inc(STAT_FLOWS_ANSWERED);
+	__u32 zero = 0;
+	struct answered *last = bpf_map_lookup_elem(&last_answered, &zero);
+	if (last) {
+		last->fk = o.fk;
+		last->qid = o.qid;
+		last->ts = bpf_ktime_get_ns();
+		last->netns = s->netns;
+	}
 	struct rec_answer r = {};
 	fill_hdr(&r.h, REC_ANSWER, tier, o.qid, s->netns);
 	r.dns_flags = s->flags;
@@ -1156,6 +1209,8 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 				qid = f->qid;
 		}
 		if (!qid)
+			qid = just_answered(&o, s.netns, &s.p.t, s.id);
+		if (!qid)
 			len = s.p.payload_len; /* user space matches it by question */
 	} else {
 		struct flow_key k;
@@ -1237,7 +1292,7 @@ static __always_inline int rcvbuf_full(struct sk_buff *skb, struct sock *sk)
 	if (!netns_match(s.netns))
 		return 0;
 	struct found o;
-	__u64 qid = lookup_answer(&o, s.netns, &s.p.t, s.id) ? o.qid : 0;
+	__u64 qid = lookup_answer(&o, s.netns, &s.p.t, s.id) ? o.qid : just_answered(&o, s.netns, &s.p.t, s.id);
 	struct event_buf *b = event_buf();
 	if (!b)
 		return 0;

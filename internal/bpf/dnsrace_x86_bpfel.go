@@ -25,6 +25,15 @@ type DnsraceAnsKey struct {
 	K     DnsraceFlowKey
 }
 
+type DnsraceAnswered struct {
+	_     structs.HostLayout
+	Fk    DnsraceFlowKey
+	Qid   uint64
+	Ts    uint64
+	Netns uint32
+	Pad   uint32
+}
+
 type DnsraceAwaited struct {
 	_   structs.HostLayout
 	Qid uint64
@@ -375,6 +384,7 @@ const (
 	DnsraceMapEventScratch            = "event_scratch"
 	DnsraceMapEvents                  = "events"
 	DnsraceMapFlows                   = "flows"
+	DnsraceMapLastAnswered            = "last_answered"
 	DnsraceMapQidSeq                  = "qid_seq"
 	DnsraceMapQueryScratch            = "query_scratch"
 	DnsraceMapReplyPorts              = "reply_ports"
@@ -499,6 +509,7 @@ type DnsraceMapSpecs struct {
 	EventScratch   *ebpf.MapSpec `ebpf:"event_scratch"`
 	Events         *ebpf.MapSpec `ebpf:"events"`
 	Flows          *ebpf.MapSpec `ebpf:"flows"`
+	LastAnswered   *ebpf.MapSpec `ebpf:"last_answered"`
 	QidSeq         *ebpf.MapSpec `ebpf:"qid_seq"`
 	QueryScratch   *ebpf.MapSpec `ebpf:"query_scratch"`
 	ReplyPorts     *ebpf.MapSpec `ebpf:"reply_ports"`
@@ -557,6 +568,7 @@ type DnsraceMaps struct {
 	EventScratch   *ebpf.Map `ebpf:"event_scratch"`
 	Events         *ebpf.Map `ebpf:"events"`
 	Flows          *ebpf.Map `ebpf:"flows"`
+	LastAnswered   *ebpf.Map `ebpf:"last_answered"`
 	QidSeq         *ebpf.Map `ebpf:"qid_seq"`
 	QueryScratch   *ebpf.Map `ebpf:"query_scratch"`
 	ReplyPorts     *ebpf.Map `ebpf:"reply_ports"`
@@ -580,6 +592,7 @@ func (m *DnsraceMaps) Close() error {
 		m.EventScratch,
 		m.Events,
 		m.Flows,
+		m.LastAnswered,
 		m.QidSeq,
 		m.QueryScratch,
 		m.ReplyPorts,
