@@ -119,7 +119,7 @@ type DnsraceCtmark struct {
 	_     structs.HostLayout
 	Qid   uint64
 	Flags uint32
-	Asker uint32
+	Pad   uint32
 	Orig  struct {
 		_      structs.HostLayout
 		Saddr  [16]uint8

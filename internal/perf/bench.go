@@ -158,7 +158,11 @@ type CaseResult struct {
 	Skipped    uint64  `json:"hook_calls_skipped"`
 	Invalid    bool    `json:"invalid"`
 	// DNS cases: what the kernel side sent per answered query.
-	Answered        uint64  `json:"queries_answered,omitempty"`
+	Answered uint64 `json:"queries_answered,omitempty"`
+	// DNS cases: answers the flood read that the tracer did not follow to
+	// their query. Past 1% of them the case is Invalid too: a tracer that
+	// loses track of queries does less work than one that follows them.
+	Unfollowed      uint64  `json:"answers_unfollowed,omitempty"`
 	RecordsPerQuery float64 `json:"records_per_answered_query,omitempty"`
 	BytesPerQuery   float64 `json:"bytes_per_answered_query,omitempty"`
 	// With Config.ProgStats: the tracer's programs over the traced rounds,
@@ -460,6 +464,7 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 	perRound := [...]*[]float64{untraced: &r.UntracedPPS, traced: &r.TracedPPS, hooksOnly: &r.HooksOnlyPPS}
 	var units, secs [len(perRound)]float64
 	var cpu, cpuS float64
+	var answers uint64 // read by the floods of the traced rounds
 	for round := range h.cfg.Rounds {
 		for _, kind := range roundOrder(round, h.cfg.Floor) {
 			m, err := h.once(ctx, c, s, fc, kind)
@@ -481,13 +486,17 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 				r.EventsLost += m.sum.EventsLost
 				r.Skipped += m.sum.Skipped()
 				r.Answered += m.sum.Queries.Answered
+				if c.DNS && m.flood.Answers > m.sum.Queries.Answered {
+					r.Unfollowed += m.flood.Answers - m.sum.Queries.Answered
+				}
+				answers += m.flood.Answers
 				r.Programs = addProgs(r.Programs, m.progs)
 			}
 			h.logf("  %-13s round %d %-8s %10.0f /s (sent %d)", c.Name, round+1, kind, pps, m.flood.Sent)
 		}
 	}
 	r.Untraced, r.Traced = units[untraced]/secs[untraced], units[traced]/secs[traced]
-	r.Invalid = r.EventsLost > 0
+	r.Invalid = r.EventsLost > 0 || r.Unfollowed*100 > answers
 	if r.Untraced > 0 && !r.Invalid {
 		r.Ratio = r.Traced / r.Untraced
 	}
@@ -565,6 +574,8 @@ func WriteText(w io.Writer, r *Result) {
 		for _, c := range r.Cases {
 			ratio, mark := fmt.Sprintf("%.3f", c.Ratio), "ok"
 			switch {
+			case c.Invalid && c.EventsLost == 0:
+				ratio, mark = "invalid", "unmatched"
 			case c.Invalid:
 				ratio, mark = "invalid", "lost"
 			case c.Ratio < c.Target:
@@ -577,7 +588,12 @@ func WriteText(w io.Writer, r *Result) {
 			fmt.Fprintf(w, "%-13s %12.0f %12.0f %-9s >=%.2f %-6s %8.2f c %10d %9d %8s\n",
 				c.Name, c.Untraced, c.Traced, ratio, c.Target, mark, c.TracerCPU, c.Events, c.EventsLost, perQ)
 		}
-		fmt.Fprintln(w, "(a case whose traced rounds lost records has no ratio: the tracer shed work)")
+		fmt.Fprintln(w, "(a case whose traced rounds lost records, or whose answers the tracer did not follow to their queries, has no ratio: the tracer shed work)")
+		for _, c := range r.Cases {
+			if c.Unfollowed > 0 {
+				fmt.Fprintf(w, "%-13s %d answers the flood read were not followed to their query by the tracer\n", c.Name, c.Unfollowed)
+			}
+		}
 		for _, c := range r.Cases {
 			if c.HooksOnly > 0 {
 				fmt.Fprintf(w, "%-13s hooks only (every program emptied, same hooks): %.0f/s, %.3f of untraced", c.Name, c.HooksOnly, c.HooksOnlyRatio)
