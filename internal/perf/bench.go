@@ -636,12 +636,15 @@ func WriteText(w io.Writer, r *Result) {
 }
 
 // Problems lists what makes a smoke run fail: records lost (in any case or
-// step), or a tracer that saw fewer queries than the responder got.
+// step), a flood's answers the tracer did not follow, or a tracer that saw
+// fewer queries than the responder got.
 func Problems(r *Result) []string {
 	var p []string
 	for _, c := range r.Cases {
 		if c.EventsLost > 0 {
 			p = append(p, fmt.Sprintf("case %s: %d records lost: its ratio is not a measurement", c.Name, c.EventsLost))
+		} else if c.Invalid {
+			p = append(p, fmt.Sprintf("case %s: %d answers the flood read were not followed to their query: its ratio is not a measurement", c.Name, c.Unfollowed))
 		}
 	}
 	for _, s := range r.Capacity {

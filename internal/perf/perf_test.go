@@ -134,3 +134,28 @@ func TestHooksOnlyShown(t *testing.T) {
 		t.Errorf("text:\n%s", out.String())
 	}
 }
+
+// TestUnfollowedAnswersInvalid: a DNS flood whose answers the tracer did not
+// follow is shown invalid ("unmatched", with the count) and fails a smoke
+// run; one that lost records says so instead.
+func TestUnfollowedAnswersInvalid(t *testing.T) {
+	r := &Result{Cases: []CaseResult{
+		{Name: "dns-loopback", DNS: true, Untraced: 100, Traced: 90, Invalid: true, Unfollowed: 368952},
+		{Name: "dns-forward", DNS: true, Untraced: 100, Traced: 90, Invalid: true, EventsLost: 7},
+	}}
+	var out bytes.Buffer
+	WriteText(&out, r)
+	for _, want := range []string{
+		"invalid   >=0.00 unmatched",
+		"dns-loopback  368952 answers the flood read were not followed to their query by the tracer",
+		"invalid   >=0.00 lost",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("text lacks %q:\n%s", want, out.String())
+		}
+	}
+	p := Problems(r)
+	if len(p) != 2 || !strings.Contains(p[0], "368952 answers the flood read were not followed") || !strings.Contains(p[1], "7 records lost") {
+		t.Errorf("Problems = %q", p)
+	}
+}
