@@ -1169,6 +1169,41 @@ int BPF_PROG(tp_skb_copy_datagram_iovec, struct sk_buff *skb, int len)
 
 /* ---- drops (every tier) ----------------------------------------------- */
 
+/* drop_is_final: a query dropped for this reason was at its destination
+ * (its server's socket was full, or there was none), so no answer can
+ * follow it. Its flow ends there: when a flooded server drops queries by
+ * the thousand, their flows would otherwise fill the map and the LRU would
+ * evict flows still waiting for their answers. Other drops may be of one
+ * copy among several (a bridge floods a frame to every port, and the
+ * copies other hosts get are dropped), so they leave the flow; so does
+ * every drop before 5.17, which names no reason. The reasons' values
+ * differ between kernels: CO-RE gives this kernel's. */
+static __always_inline bool drop_is_final(__u32 reason)
+{
+	if (!reason)
+		return false;
+	if (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_RCVBUFF) &&
+	    reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_RCVBUFF))
+		return true;
+	return bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_NO_SOCKET) &&
+	       reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NO_SOCKET);
+}
+
+/* end_flow deletes the flow of k (or of k without a source address, as
+ * lookup_flow finds it) asked from netns. */
+static __always_inline void end_flow(struct flow_key *k, __u32 netns)
+{
+	if (!bpf_map_delete_elem(&flows, k)) {
+		count_asker(netns, -1);
+		return;
+	}
+	if (track_cts)
+		return;
+	__builtin_memset(k->saddr, 0, 16);
+	if (!bpf_map_delete_elem(&flows, k))
+		count_asker(netns, -1);
+}
+
 /* drop reports a DNS packet freed by kfree_skb. A query may be first seen
  * here (NAT in its own namespace dropped it before any device did). In the
  * tracepoint tier an unconfirmed entry's drop looks for the entry that
@@ -1207,6 +1242,8 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 		query_key(&k, &s);
 		__u32 asker = 0;
 		qid = track_query(&s, &k, true, tier, track_cts ? 0 : RF_NO_SOCKET, &asker);
+		if (qid && drop_is_final(reason))
+			end_flow(&k, asker);
 	}
 	if (s.ct)
 		announce_netns(s.netns, tier); /* before b: it uses the scratch */

@@ -2,6 +2,7 @@ package probe
 
 import (
 	"encoding/binary"
+	"net"
 	"testing"
 	"time"
 
@@ -109,5 +110,66 @@ func forEachEntry(t *testing.T, tr *Tracer, name string, fn func(k, v []byte)) {
 	}
 	if err := it.Err(); err != nil {
 		t.Fatalf("iterating %s: %v", name, err)
+	}
+}
+
+// TestDroppedAtServerEndsFlow: a query its server's full socket drops
+// (SOCKET_RCVBUFF, 5.17 on) can have no answer, so its flow ends with the
+// drop record: a flooded server's drops do not fill the flow map. The
+// queries the socket did take keep theirs.
+func TestDroppedAtServerEndsFlow(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	rcvbuff, ok := DropReasonValue("SOCKET_RCVBUFF")
+	if !ok {
+		t.Skip("no SOCKET_RCVBUFF drop reason before 5.17: every drop leaves its flow")
+	}
+	n := newTwoNS(t)
+	var full *net.UDPConn
+	if err := inNS(n.server, func() (err error) {
+		full, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(serverAddr), Port: 53})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer full.Close()
+	if err := full.SetReadBuffer(1); err != nil { // never read
+		t.Fatal(err)
+	}
+	tr := openTier(t, Options{Attach: testTier(t)})
+	c := collect(t, tr)
+	conn := n.dial(t, "udp4", serverAddr, 53)
+	var qnames []string
+	for range 20 {
+		qname := uniqueName(t)
+		if _, err := conn.Write(dnsQuery(t, qname, dns.TypeA)); err != nil {
+			t.Fatal(err)
+		}
+		qnames = append(qnames, qname)
+	}
+	dropped := map[uint64]bool{}
+	for _, qname := range qnames {
+		q := c.query(t, qname)
+		if d, ok := c.wait(2*time.Second, func(e *event.Event) bool { return e.Kind == event.KindDrop && e.QID == q.QID }); ok {
+			if d.Reason != rcvbuff {
+				t.Errorf("query dropped for reason %s, want SOCKET_RCVBUFF: %s", DropReasonName(d.Reason), describe(&d))
+			}
+			dropped[q.QID] = true
+		}
+	}
+	if len(dropped) == 0 || len(dropped) == len(qnames) {
+		t.Fatalf("%d of %d queries dropped at the server's socket: want some taken, some dropped", len(dropped), len(qnames))
+	}
+	kept := 0
+	forEachEntry(t, tr, "flows", func(k, v []byte) {
+		qid := binary.NativeEndian.Uint64(v)
+		if dropped[qid] {
+			t.Errorf("query %d was dropped at its server's socket, and its flow is still held", qid)
+		} else if binary.NativeEndian.Uint32(v[16:]) == n.clientIno {
+			kept++
+		}
+	})
+	if want := len(qnames) - len(dropped); kept != want {
+		t.Errorf("%d flows held for the client namespace, want %d (the queries the socket took)", kept, want)
 	}
 }
