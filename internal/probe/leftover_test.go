@@ -90,15 +90,14 @@ func TestAnsweredLeavesNoEntries(t *testing.T) {
 // askerSlots is ASKER_SLOTS in bpf/dnsrace.bpf.c.
 const askerSlots = 4096
 
+// mapOf is the tracer's map name, shared by all its programs.
 func mapOf(t *testing.T, tr *Tracer, name string) *ebpf.Map {
 	t.Helper()
-	for _, coll := range tr.colls {
-		if m := coll.Maps[name]; m != nil {
-			return m
-		}
+	m := tr.maps[name]
+	if m == nil {
+		t.Fatalf("the tracer has no map %q", name)
 	}
-	t.Fatalf("no map %q in the tracer's collections", name)
-	return nil
+	return m
 }
 
 func forEachEntry(t *testing.T, tr *Tracer, name string, fn func(k, v []byte)) {
