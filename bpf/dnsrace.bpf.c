@@ -731,6 +731,16 @@ static __always_inline void forget_answer(struct ans_key *ak)
 		count_asker(ak->netns, -1);
 }
 
+/* delete_flow deletes the flow of k asked from netns, and counts it down
+ * if it was there. */
+static __always_inline bool delete_flow(struct flow_key *k, __u32 netns)
+{
+	if (bpf_map_delete_elem(&flows, k))
+		return false;
+	count_asker(netns, -1);
+	return true;
+}
+
 /* new_flow starts a flow (counted in its asking namespace's askers slot)
  * and sends the QUERY record. Its answer is found by its key reversed. */
 static __always_inline __u64 new_flow(struct flow_key *k, __u32 netns, __u64 payload, __u32 len, bool user,
@@ -864,8 +874,7 @@ static __always_inline bool answer(struct seen *s, const struct tuple *t, __u8 t
 	}
 	if (!o.f || o.f->qid != o.qid)
 		return false; /* answered already, through its other key */
-	if (!bpf_map_delete_elem(&flows, &o.fk))
-		count_asker(s->netns, -1); /* o.f->netns: lookup_answer checked */
+	delete_flow(&o.fk, s->netns); /* o.f->netns: lookup_answer checked */
 	stat_inc(STAT_FLOWS_ANSWERED);
 	__u32 zero = 0;
 	struct answered *last = bpf_map_lookup_elem(&last_answered, &zero);
@@ -1193,15 +1202,10 @@ static __always_inline bool drop_is_final(__u32 reason)
  * lookup_flow finds it) asked from netns. */
 static __always_inline void end_flow(struct flow_key *k, __u32 netns)
 {
-	if (!bpf_map_delete_elem(&flows, k)) {
-		count_asker(netns, -1);
-		return;
-	}
-	if (track_cts)
+	if (delete_flow(k, netns) || track_cts)
 		return;
 	__builtin_memset(k->saddr, 0, 16);
-	if (!bpf_map_delete_elem(&flows, k))
-		count_asker(netns, -1);
+	delete_flow(k, netns);
 }
 
 /* drop reports a DNS packet freed by kfree_skb. A query may be first seen
