@@ -3,33 +3,35 @@ package trace
 import (
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dnsrace/dnsrace/internal/event"
 	"github.com/dnsrace/dnsrace/internal/probe"
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
-// threadsWithNice counts this process's threads whose nice value is n
-// (field 19 of /proc/self/task/TID/stat).
+// threadsWithNice counts this process's threads whose nice value is n.
 func threadsWithNice(t *testing.T, n int) int {
 	t.Helper()
-	stats, err := filepath.Glob("/proc/self/task/*/stat")
+	tasks, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		t.Fatal(err)
 	}
 	count := 0
-	for _, p := range stats {
-		b, err := os.ReadFile(p)
+	for _, task := range tasks {
+		tid, err := strconv.Atoi(task.Name())
+		if err != nil {
+			continue
+		}
+		// The raw getpriority(2) system call returns 20 - nice.
+		prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
 		if err != nil {
 			continue // the thread ended
 		}
-		// The command name (field 2) may hold spaces: count from its ')'.
-		fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-		if nice, err := strconv.Atoi(fields[16]); err == nil && nice == n {
+		if 20-prio == n {
 			count++
 		}
 	}
