@@ -1,0 +1,77 @@
+package perf
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dnsrace/dnsrace/internal/testutil"
+)
+
+// TestCostCases runs `dnsrace bench`'s cost cases in the tier this test
+// binary was given (DNSRACE_TEST_TIER), so scripts/vmtest can measure the
+// fentry and kprobe tiers inside a guest, where the host cannot attach
+// them. It runs only when asked, with the dnsrace binary in DNSRACE_BIN
+// (the guest's /usr/bin/dnsrace):
+//
+//	DNSRACE_TEST_BENCH_CASES  cases, comma separated (dnsrace bench --case)
+//	DNSRACE_TEST_BENCH_ROUNDS rounds per case (default 2)
+//	DNSRACE_TEST_BENCH_SECONDS each flood's length (default 5)
+//	DNSRACE_TEST_BENCH_FLOOR  1: add the hooks-only rounds (bench --floor)
+//
+// It fails where `bench --smoke` would: lost records, answers not
+// followed, a case without a result.
+func TestCostCases(t *testing.T) {
+	cases := os.Getenv("DNSRACE_TEST_BENCH_CASES")
+	if cases == "" {
+		t.Skip("DNSRACE_TEST_BENCH_CASES not set: a measurement, run on request (docs/vmtest.md)")
+	}
+	testutil.RequireRoot(t)
+	exe := os.Getenv("DNSRACE_BIN")
+	if exe == "" {
+		t.Fatal("DNSRACE_BIN not set: the dnsrace binary whose tracer is measured")
+	}
+	tier := os.Getenv("DNSRACE_TEST_TIER")
+	if tier == "" {
+		tier = "tracepoint"
+	}
+	cfg := Config{
+		Exe:          exe,
+		Cases:        strings.Split(cases, ","),
+		Rounds:       envInt(t, "DNSRACE_TEST_BENCH_ROUNDS", 2),
+		Duration:     time.Duration(envInt(t, "DNSRACE_TEST_BENCH_SECONDS", 5)) * time.Second,
+		SkipCapacity: true,
+		Attach:       tier,
+		Floor:        os.Getenv("DNSRACE_TEST_BENCH_FLOOR") == "1",
+		Log:          os.Stderr,
+	}
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	WriteText(&out, res)
+	t.Logf("tier %s, kernel %s:\n%s", tier, res.Kernel, out.String())
+	if len(res.Cases) != len(cfg.Cases) {
+		t.Errorf("%d cases measured, %d asked", len(res.Cases), len(cfg.Cases))
+	}
+	for _, p := range Problems(res) {
+		t.Error(p)
+	}
+}
+
+func envInt(t *testing.T, key string, def int) int {
+	t.Helper()
+	v := os.Getenv(key)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want a positive number", key, v)
+	}
+	return n
+}
