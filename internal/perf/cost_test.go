@@ -3,7 +3,6 @@ package perf
 import (
 	"context"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -48,8 +47,8 @@ func TestCostCases(t *testing.T) {
 	cfg := Config{
 		Exe:          exe,
 		Cases:        strings.Split(cases, ","),
-		Rounds:       envInt(t, "DNSRACE_TEST_BENCH_ROUNDS", 2),
-		Duration:     time.Duration(envInt(t, "DNSRACE_TEST_BENCH_SECONDS", 5)) * time.Second,
+		Rounds:       testutil.EnvInt(t, "DNSRACE_TEST_BENCH_ROUNDS", 2, 1),
+		Duration:     time.Duration(testutil.EnvInt(t, "DNSRACE_TEST_BENCH_SECONDS", 5, 1)) * time.Second,
 		SkipCapacity: true,
 		Attach:       tier,
 		Floor:        os.Getenv("DNSRACE_TEST_BENCH_FLOOR") == "1",
@@ -68,17 +67,4 @@ func TestCostCases(t *testing.T) {
 	for _, p := range Problems(res) {
 		t.Error(p)
 	}
-}
-
-func envInt(t *testing.T, key string, def int) int {
-	t.Helper()
-	v := os.Getenv(key)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		t.Fatalf("%s=%q: want a positive number", key, v)
-	}
-	return n
 }

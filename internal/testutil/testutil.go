@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"os"
+	"strconv"
 	"testing"
 )
 
@@ -28,4 +29,20 @@ func SkipOrFail(t testing.TB, reason string) {
 		t.Fatalf("required in CI: %s", reason)
 	}
 	t.Skip(reason)
+}
+
+// EnvInt is the number in environment variable name, def when it is unset.
+// A value that is not a number, or is below min, fails t: a test knob
+// mistyped must not quietly run the default.
+func EnvInt(t testing.TB, name string, def, min int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < min {
+		t.Fatalf("%s=%q: want a number >= %d", name, v, min)
+	}
+	return n
 }

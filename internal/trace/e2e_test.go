@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -301,15 +300,7 @@ func TestTraceUpstreamLoss(t *testing.T) {
 // raceAttempts is how many runs a scenario whose race is not guaranteed
 // may take: DNSRACE_TEST_RACE_ATTEMPTS, default 1.
 func raceAttempts(t *testing.T) int {
-	v := os.Getenv("DNSRACE_TEST_RACE_ATTEMPTS")
-	if v == "" {
-		return 1
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		t.Fatalf("DNSRACE_TEST_RACE_ATTEMPTS=%q: want a number >= 1", v)
-	}
-	return n
+	return testutil.EnvInt(t, "DNSRACE_TEST_RACE_ATTEMPTS", 1, 1)
 }
 
 // checkInsertRaces: the scenario stalled lookups; every stall is a

@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
 // membarrier(2) commands (linux/membarrier.h).
@@ -37,7 +39,7 @@ func TestCrossModifyingCode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 5-second loop: skipped in -short mode")
 	}
-	seconds := envInt(t, "DNSRACE_CMC_SECONDS", 5)
+	seconds := testutil.EnvInt(t, "DNSRACE_CMC_SECONDS", 5, 0)
 	if runtime.NumCPU() < 2 {
 		t.Skip("needs two CPUs: with one there is no other CPU to run stale code")
 	}

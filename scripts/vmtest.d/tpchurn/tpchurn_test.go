@@ -8,7 +8,6 @@ import (
 	"os"
 	"runtime"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,19 +29,6 @@ import (
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
-func envInt(t *testing.T, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		t.Fatalf("%s=%q: want a number", name, v)
-	}
-	return n
-}
-
 // TestRawTracepointChurn attaches and detaches raw_tp/kmem_cache_free while
 // namespaces with conntrack traffic come and go. It fails if an attach or a
 // detach fails or if no namespace was torn down during the loop (then the
@@ -50,8 +36,8 @@ func envInt(t *testing.T, name string, def int) int {
 // vmtest matrix shows as fail(no-result) and the console as "Oops: int3".
 func TestRawTracepointChurn(t *testing.T) {
 	testutil.RequireRoot(t)
-	iterations := envInt(t, "DNSRACE_TPCHURN_ITERATIONS", 300)
-	seconds := envInt(t, "DNSRACE_TPCHURN_SECONDS", 20)
+	iterations := testutil.EnvInt(t, "DNSRACE_TPCHURN_ITERATIONS", 300, 0)
+	seconds := testutil.EnvInt(t, "DNSRACE_TPCHURN_SECONDS", 20, 0)
 	if err := rlimit.RemoveMemlock(); err != nil {
 		t.Fatalf("removing the memlock limit: %v", err)
 	}
