@@ -33,10 +33,7 @@ func TestCostCases(t *testing.T) {
 	if exe == "" {
 		t.Fatal("DNSRACE_BIN not set: the dnsrace binary whose tracer is measured")
 	}
-	tier := os.Getenv("DNSRACE_TEST_TIER")
-	if tier == "" {
-		tier = "tracepoint"
-	}
+	tier := os.Getenv("DNSRACE_TEST_TIER") // empty: Config's default, tracepoint
 	if tier == "fentry" {
 		// The trace suites assert the loader's fallback on such kernels;
 		// here there is no fentry tier to measure.
@@ -60,7 +57,7 @@ func TestCostCases(t *testing.T) {
 	}
 	var out strings.Builder
 	WriteText(&out, res)
-	t.Logf("tier %s, kernel %s:\n%s", tier, res.Kernel, out.String())
+	t.Logf("tier %s, kernel %s:\n%s", res.Tier, res.Kernel, out.String())
 	if len(res.Cases) != len(cfg.Cases) {
 		t.Errorf("%d cases measured, %d asked", len(res.Cases), len(cfg.Cases))
 	}

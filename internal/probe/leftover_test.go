@@ -90,7 +90,7 @@ func TestAnsweredLeavesNoEntries(t *testing.T) {
 // askerSlots is ASKER_SLOTS in bpf/dnsrace.bpf.c.
 const askerSlots = 4096
 
-// mapOf is the tracer's map name, shared by all its programs.
+// mapOf returns the tracer's map called name (one map, shared by all its programs).
 func mapOf(t *testing.T, tr *Tracer, name string) *ebpf.Map {
 	t.Helper()
 	m := tr.maps[name]
