@@ -61,6 +61,9 @@ type Options struct {
 	// cost this kernel, before any work (dnsrace bench --floor). Nothing is
 	// traced.
 	EmptyPrograms bool
+	// FlowEntries sizes the LRU map of flows (queries awaiting their
+	// answer); 0 keeps the object's 32,768. Tests shrink it to fill it.
+	FlowEntries uint32
 }
 
 // Mode is how the tracer learns what conntrack did.
@@ -215,6 +218,9 @@ func newLoader(opts Options) (*loader, error) {
 		return nil, fmt.Errorf("loading the embedded BPF object: %w", err)
 	}
 	spec.Maps[bpf.DnsraceMapEvents].MaxEntries = opts.RingBufferSize
+	if opts.FlowEntries != 0 {
+		spec.Maps[bpf.DnsraceMapFlows].MaxEntries = opts.FlowEntries
+	}
 	cfg := bpf.DnsraceConfig{Netns: opts.NetNS, WakeupBytes: opts.RingBufferSize / 8}
 	for i, p := range ports {
 		if p == 0 {
