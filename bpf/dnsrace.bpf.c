@@ -1148,7 +1148,7 @@ static __always_inline int device(struct sk_buff *skb, bool egress)
 	 * lookups the unpaced loopback flood of dnsrace bench (its responder
 	 * drops queries, and the drop hook looks their flows up) lost three
 	 * answers in four; a lookup right after the insert instead still lost
-	 * 0.3-1.1% of them. */
+	 * 0.3-1.1% of them. TestFreshFlowsSurviveFullMap guards it. */
 	struct flow_key k;
 	query_key(&k, &s);
 	__u32 asker = 0;
