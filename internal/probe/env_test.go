@@ -300,14 +300,9 @@ func (n *twoNS) sendUDP(t *testing.T, dst string, port int, payload []byte) {
 	}
 }
 
-// serveDNS answers every query on addr:53 in the server namespace with
-// rcode (no answer records) until the test ends, repeat times each.
-func (n *twoNS) serveDNS(t *testing.T, addr string, rcode, repeat int) {
-	n.serveDNSPort(t, addr, 53, rcode, repeat)
-}
-
-// serveDNSPort is serveDNS on another port.
-func (n *twoNS) serveDNSPort(t *testing.T, addr string, port, rcode, repeat int) {
+// serverSocket is a UDP socket of the server namespace bound to
+// addr:port, closed when the test ends.
+func (n *twoNS) serverSocket(t *testing.T, addr string, port int) *net.UDPConn {
 	t.Helper()
 	var pc *net.UDPConn
 	err := inNS(n.server, func() (err error) {
@@ -318,6 +313,19 @@ func (n *twoNS) serveDNSPort(t *testing.T, addr string, port, rcode, repeat int)
 		t.Fatalf("listening on %s:%d in the server netns: %v", addr, port, err)
 	}
 	t.Cleanup(func() { pc.Close() })
+	return pc
+}
+
+// serveDNS answers every query on addr:53 in the server namespace with
+// rcode (no answer records) until the test ends, repeat times each.
+func (n *twoNS) serveDNS(t *testing.T, addr string, rcode, repeat int) {
+	n.serveDNSPort(t, addr, 53, rcode, repeat)
+}
+
+// serveDNSPort is serveDNS on another port.
+func (n *twoNS) serveDNSPort(t *testing.T, addr string, port, rcode, repeat int) {
+	t.Helper()
+	pc := n.serverSocket(t, addr, port)
 	go func() {
 		buf := make([]byte, 512)
 		for {

@@ -149,15 +149,7 @@ func TestFreshFlowsSurviveFullMap(t *testing.T) {
 // taking them (no drop at its socket, whose buffer is made large).
 func (n *twoNS) swallowDNS(t *testing.T, addr string, port int) {
 	t.Helper()
-	var pc *net.UDPConn
-	err := inNS(n.server, func() (err error) {
-		pc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(addr), Port: port})
-		return err
-	})
-	if err != nil {
-		t.Fatalf("listening on %s:%d in the server netns: %v", addr, port, err)
-	}
-	t.Cleanup(func() { pc.Close() })
+	pc := n.serverSocket(t, addr, port)
 	// SO_RCVBUFFORCE: past net.core.rmem_max, which holds a few hundred
 	// small datagrams.
 	rc, err := pc.SyscallConn()

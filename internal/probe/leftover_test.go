@@ -2,7 +2,6 @@ package probe
 
 import (
 	"encoding/binary"
-	"net"
 	"testing"
 	"time"
 
@@ -124,14 +123,7 @@ func TestDroppedAtServerEndsFlow(t *testing.T) {
 		t.Skip("no SOCKET_RCVBUFF drop reason before 5.17: every drop leaves its flow")
 	}
 	n := newTwoNS(t)
-	var full *net.UDPConn
-	if err := inNS(n.server, func() (err error) {
-		full, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(serverAddr), Port: 53})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer full.Close()
+	full := n.serverSocket(t, serverAddr, 53)
 	if err := full.SetReadBuffer(1); err != nil { // never read
 		t.Fatal(err)
 	}
