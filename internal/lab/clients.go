@@ -76,6 +76,7 @@ type ClientReport struct {
 
 	durations []time.Duration
 	unit      time.Duration
+	stalled   *atomic.Bool // set at a stall, shared by a drive's clients; may be nil
 }
 
 func (c *ClientReport) record(d time.Duration, ok bool) {
@@ -90,6 +91,9 @@ func (c *ClientReport) record(d time.Duration, ok bool) {
 		c.Stalls++
 		c.StallTimeouts += n
 		c.StallsMs = append(c.StallsMs, float64(d.Microseconds())/1000)
+		if c.stalled != nil {
+			c.stalled.Store(true)
+		}
 	}
 }
 
@@ -103,6 +107,7 @@ type clientParams struct {
 	// crashAfter, when set, kills the first in-flight glibc client
 	// process after that long (a test hook for "a client crashed").
 	crashAfter time.Duration
+	stalled    *atomic.Bool // see ClientReport.stalled
 }
 
 // runClient drives one pod's resolver: it starts lookups until stop ends and
@@ -112,7 +117,7 @@ type clientParams struct {
 func runClient(ctx, stop context.Context, p clientParams) *ClientReport {
 	rep := &ClientReport{
 		Pod: p.pod, NetNS: p.topo.PodNS(p.pod), Resolver: p.resolver, QName: QName(p.pod),
-		unit: stallUnit(p.resolver, p.timeout),
+		unit: stallUnit(p.resolver, p.timeout), stalled: p.stalled,
 	}
 	var err error
 	switch p.resolver {

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -98,6 +99,11 @@ type DriveConfig struct {
 	// CrashClientAfter kills one glibc client process after that long (a
 	// test hook).
 	CrashClientAfter time.Duration
+	// UntilStall, when longer than Duration, keeps the clients going past
+	// Duration until a lookup has stalled, for at most UntilStall: a test
+	// that checks how races are explained needs one, and on a busy
+	// machine a lossy race can take longer than the scenario's window.
+	UntilStall time.Duration
 }
 
 // Drive runs the clients of every pod for cfg.Duration and measures.
@@ -141,11 +147,16 @@ func (l *Lab) Drive(ctx context.Context, cfg DriveConfig) (*Report, error) {
 		srvBefore = l.servers.stats()
 	}
 	rep.Started = time.Now()
-	stop, cancelStop := context.WithTimeout(ctx, cfg.Duration)
+	window := max(cfg.Duration, cfg.UntilStall)
+	stop, cancelStop := context.WithTimeout(ctx, window)
 	defer cancelStop()
+	var stalled atomic.Bool
+	if window > cfg.Duration {
+		go stopOnStall(stop, cancelStop, cfg.Duration, &stalled)
+	}
 	// A glibc lookup that loses every attempt takes attempts x timeout
 	// plus the single-request retries: 4 timeouts bound it.
-	hard, cancelHard := context.WithTimeout(ctx, cfg.Duration+4*cfg.ResolverTimeout+time.Second)
+	hard, cancelHard := context.WithTimeout(ctx, window+4*cfg.ResolverTimeout+time.Second)
 	defer cancelHard()
 	var wg sync.WaitGroup
 	rep.Clients = make([]*ClientReport, t.Pods)
@@ -155,7 +166,7 @@ func (l *Lab) Drive(ctx context.Context, cfg DriveConfig) (*Report, error) {
 			defer wg.Done()
 			rep.Clients[i] = runClient(hard, stop, clientParams{
 				topo: t, pod: i, resolver: cfg.Resolver, timeout: cfg.ResolverTimeout,
-				pairWait: cfg.PairWait, crashAfter: cfg.CrashClientAfter,
+				pairWait: cfg.PairWait, crashAfter: cfg.CrashClientAfter, stalled: &stalled,
 			})
 		}()
 	}
@@ -198,6 +209,25 @@ func (l *Lab) Drive(ctx context.Context, cfg DriveConfig) (*Report, error) {
 		rep.Expectation.Met = len(rep.Expectation.Failures) == 0
 	}
 	return rep, nil
+}
+
+// stopOnStall ends stop once a lookup has stalled, from after on.
+func stopOnStall(stop context.Context, cancel context.CancelFunc, after time.Duration, stalled *atomic.Bool) {
+	select {
+	case <-stop.Done():
+		return
+	case <-time.After(after):
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for !stalled.Load() {
+		select {
+		case <-stop.Done():
+			return
+		case <-tick.C:
+		}
+	}
+	cancel()
 }
 
 func (r *Report) summarize() {
