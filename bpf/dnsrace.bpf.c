@@ -750,13 +750,13 @@ static __always_inline __u64 new_flow(struct flow_key *k, __u32 netns, __u64 pay
 	struct flow f = {.qid = qid, .ts = bpf_ktime_get_ns(), .netns = netns};
 	count_asker(netns, 1);
 	bpf_map_update_elem(&flows, k, &f, BPF_ANY);
-	/* A lookup sets the entry's reference bit, and a full LRU map
-	 * evicts unreferenced entries first. In the tracepoint tier every
-	 * later hop looks the flow up; in the others nothing does before its
-	 * answer, while the drop hook looks up the flows of queries a rule
-	 * dropped, which stay (only a drop at the server ends a flow): with
-	 * the map full of those, the fresh flows went first and their answers
-	 * found nothing (TestFreshFlowsSurviveFullMap). */
+	/* A lookup sets the entry's reference bit (an insert does not), and
+	 * a full LRU map evicts unreferenced entries first. In the tracepoint
+	 * tier every later hop looks the flow up; in the others nothing does
+	 * before its answer, while the drop hook looks up the flows of
+	 * queries a rule dropped, which stay (only a drop at the server ends
+	 * a flow): with the map full of those, the fresh flows went first and
+	 * their answers found nothing (TestFreshFlowsSurviveFullMap). */
 	if (!track_cts)
 		bpf_map_lookup_elem(&flows, k);
 	stat_inc(STAT_FLOWS_NEW);
