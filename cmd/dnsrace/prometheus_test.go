@@ -331,11 +331,14 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		cancel()
 		<-watch
 	}
-	// Settle: no lookup in flight; a scrape after the last incident.
+	// Settle: no lookup in flight; scrapes for 3 s after the last
+	// incident, so a pod's counter that first appeared with it has the
+	// two samples rate() in the recording rules needs (a CI run whose
+	// only stall of pod0 came last had no namespace_pod series).
 	time.Sleep(time.Second)
 	settled := time.Now()
-	if !waitFor(10*time.Second, func() bool {
-		return prom.scalar(t, `timestamp(up{job="dnsrace"})`, "") > float64(settled.UnixMilli())/1e3
+	if !waitFor(15*time.Second, func() bool {
+		return prom.scalar(t, `timestamp(up{job="dnsrace"})`, "") > float64(settled.UnixMilli())/1e3+3
 	}) {
 		t.Fatal("no scrape after the lookups ended")
 	}

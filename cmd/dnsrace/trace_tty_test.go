@@ -76,7 +76,9 @@ func TestTraceTerminal(t *testing.T) {
 		}()
 	}
 	headline := regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d\.\d{3}  insert_race/reply_clash\s+stalled \d+\.\d s\s+netns \d+  svc-0\d\.lab\.test AA?A?A?$`)
-	s := waitFor("a stall's headline", 40*time.Second, headline.MatchString)
+	// The race needs both CPUs at one instant: a busy machine has gone
+	// 40 s without one (1,440 lookups, no stall; a CI run).
+	s := waitFor("a stall's headline", 120*time.Second, headline.MatchString)
 	cancel()
 	// The headline is followed by indented details, each label once.
 	lines := strings.Split(s, "\n")
