@@ -60,14 +60,14 @@ func freshFlowsSurviveFullMap(t *testing.T, viaTun bool) {
 		rounds     = 32
 		burst      = 256 // unanswered queries sent in each round
 	)
-	n := newTwoNS(t)
-	answerer := serverAddr
 	if viaTun && testTier(t) == event.TierTracepoint {
 		// Measured (1 Dec 2026, host 6.18): 3,909 to 4,090 of 4,096
 		// answers followed in 6 of 8 runs, with or without a lookup after
 		// the insert; every one with a map that is not full. Open.
 		t.Skip("known loss: in the tracepoint tier, with the flow map full of flows the server's hops looked up, flows that meet no hook before their answer are still evicted first")
 	}
+	n := newTwoNS(t)
+	answerer := serverAddr
 	if viaTun {
 		answerer = n.tunServer(t)
 	} else {

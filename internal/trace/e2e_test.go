@@ -61,12 +61,16 @@ func traceScenario(t *testing.T, name string) *traced {
 }
 
 // traceLossy runs a scenario whose races lose queries: past its window,
-// until a lookup stalled (at most six windows). The race needs two
+// until a lookup stalled (at most lossyWindows windows). The race needs two
 // CPUs at the same instant; on a busy machine a 20 s window has seen none.
 func traceLossy(t *testing.T, name string) *traced {
 	t.Helper()
 	return traceScenarioUntil(t, name, true)
 }
+
+// lossyWindows bounds how long a lossy scenario may drive while no lookup
+// has stalled, in windows of the scenario (lab.DriveConfig.UntilStall).
+const lossyWindows = 6
 
 func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 	t.Helper()
@@ -95,7 +99,7 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 	}
 	drive := lab.DriveConfig{Scenario: sc}
 	if untilStall {
-		drive.UntilStall = 6 * sc.Duration
+		drive.UntilStall = lossyWindows * sc.Duration
 	}
 	// Under emulation (the VM matrix) a real glibc lookup takes about a
 	// second: too few flows for SNAT ports to run out. The harness then

@@ -81,7 +81,7 @@ func TestTraceKubernetes(t *testing.T) {
 	scrapeDone := make(chan struct{})
 	rep, err := lab.Run(ctx, lab.RunConfig{
 		Prefix: "dnsrace-tk",
-		Drive:  lab.DriveConfig{Scenario: sc, UntilStall: 6 * sc.Duration}, // as traceLossy
+		Drive:  lab.DriveConfig{Scenario: sc, UntilStall: lossyWindows * sc.Duration}, // as traceLossy
 		OnUp: func(l *lab.Lab) error {
 			for i := 0; i < l.Topology.Pods; i++ {
 				c := nsutil.Command(ctx, l.Topology.PodNS(i), "sleep", "600")
