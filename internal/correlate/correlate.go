@@ -2,7 +2,6 @@ package correlate
 
 import (
 	"hash/maphash"
-	"sort"
 	"time"
 
 	"github.com/dnsrace/dnsrace/internal/ctstats"
@@ -94,7 +93,7 @@ type pendingDrop struct {
 	qid      uint64     // by id: the struct may be recycled meanwhile
 	netns    uint32
 	ct       event.CT
-	winner   event.CT
+	winner   *event.CT // only a drop the kernel named a winner for: most have none, and a flood of drops waits here
 	wqid     uint64
 	reason   uint32
 	location uint64
@@ -123,8 +122,13 @@ type Correlator struct {
 	seed maphash.Seed
 	ix   index
 
-	drops []pendingDrop
-	opens map[*open]bool // stalls in progress
+	// drops wait in arrival order, which is due order up to the skew
+	// between CPUs' records: a tick takes them off the front without
+	// copying the rest (a flood of drops holds tens of thousands).
+	drops     fifo[pendingDrop]
+	direct    []bool         // classifyDue's scratch
+	compactAt uint64         // when Tick next gives the drops' memory back
+	opens     map[*open]bool // stalls in progress
 	// openLog is opens by opening, oldest first, for the cap; closed
 	// ones leave it lazily.
 	openLog fifo[*open]
@@ -255,9 +259,10 @@ func (c *Correlator) Handle(e *event.Event) {
 		d := pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), kind: e.Kind, qid: e.QID, netns: e.NetNS,
 			ct: e.CT, reason: e.Reason, location: e.Location, timeNs: e.TimeNs}
 		if e.Flags&event.FlagWinner != 0 {
-			d.winner, d.wqid = e.Winner, e.WinnerQID
+			w := e.Winner
+			d.winner, d.wqid = &w, e.WinnerQID
 		}
-		c.drops = append(c.drops, d)
+		c.drops.push(d)
 	case event.KindConfirmDrop:
 		if q := c.ix.lookup(e.QID); q != nil {
 			x := q.extra()
@@ -285,7 +290,7 @@ func (c *Correlator) Handle(e *event.Event) {
 	case event.KindCTFreed:
 		// The loser's query is the one its socket sent last, once its
 		// packet has been seen (it leaves after the free): decided later.
-		c.drops = append(c.drops, pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), kind: e.Kind,
+		c.drops.push(pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), kind: e.Kind,
 			netns: e.NetNS, ct: e.CT, timeNs: e.TimeNs})
 	case event.KindRcvbufFull:
 		c.rcvbufFull(e)
@@ -359,38 +364,51 @@ func (c *Correlator) Tick(now uint64) {
 	}
 	c.classifyDue(now, false)
 	c.expire(now)
+	// A tick may empty the drops' log and the next refill it: shrunk at
+	// every tick, a flood of drops regrew it (copying) as often.
+	if now >= c.compactAt {
+		c.drops.compact()
+		c.compactAt = now + uint64(compactEvery)
+	}
 }
+
+// compactEvery is how often the drops' log may give memory back.
+const compactEvery = 10 * time.Second
 
 // classifyDue classifies the drops due by now (all of them with force).
 // Drops with direct evidence of a race go first: the counters' budget then
 // goes to the drops that certainly raced before the others are weighed.
 func (c *Correlator) classifyDue(now uint64, force bool) {
-	var due []pendingDrop
-	n := 0
-	for _, d := range c.drops {
-		if force || d.due <= now {
-			due = append(due, d)
-			continue
-		}
-		c.drops[n] = d
-		n++
+	live := c.drops.live()
+	k := 0
+	for k < len(live) && (force || live[k].due <= now) {
+		k++
 	}
-	clear(c.drops[n:])
-	c.drops = c.drops[:n]
-	if len(due) == 0 {
+	if k == 0 {
 		return
 	}
-	sort.SliceStable(due, func(i, j int) bool { return c.direct(&due[i]) && !c.direct(&due[j]) })
-	clear(c.kernelNow)
+	due := live[:k]
+	c.direct = c.direct[:0]
 	for i := range due {
-		c.classify(&due[i])
+		c.direct = append(c.direct, c.isDirect(&due[i]))
+	}
+	clear(c.kernelNow)
+	for _, first := range []bool{true, false} {
+		for i := range due {
+			if c.direct[i] == first {
+				c.classify(&due[i])
+			}
+		}
+	}
+	for range k {
+		c.drops.pop()
 	}
 }
 
-// direct: the drop carries its own proof of a race (a winner, or
+// isDirect: the drop carries its own proof of a race (a winner, or
 // confirm's NF_DROP).
-func (c *Correlator) direct(d *pendingDrop) bool {
-	if d.winner.Ptr != 0 {
+func (c *Correlator) isDirect(d *pendingDrop) bool {
+	if d.winner != nil && d.winner.Ptr != 0 {
 		return true
 	}
 	q := c.ix.lookup(d.qid)
@@ -430,7 +448,11 @@ func (c *Correlator) classify(d *pendingDrop) {
 		return
 	}
 	x := q.ext()
-	winner, wqid := pickWinner(d.ct, d.winner, x.winnerCT, d.wqid, x.winnerQID)
+	var dw event.CT
+	if d.winner != nil {
+		dw = *d.winner
+	}
+	winner, wqid := pickWinner(d.ct, dw, x.winnerCT, d.wqid, x.winnerQID)
 	reason, loc := c.cfg.ReasonName(d.reason), c.cfg.Location(d.location)
 	ev := dropEvidence{reason: reason, location: symbolOf(loc), ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(),
 		confirmDrop: x.confirmDrop, winner: winner.Ptr != 0}

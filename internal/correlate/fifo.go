@@ -37,10 +37,15 @@ func (l *fifo[T]) pop() T {
 // front is the oldest; the log must not be empty.
 func (l *fifo[T]) front() T { return l.s[l.head] }
 
-// compact gives memory back after a burst.
+// compact gives memory back after a burst. It leaves room for as many
+// again: cut to the exact size, a log that holds steady (a tick takes
+// its front, pushes refill it) was copied to a larger array at every
+// tick.
 func (l *fifo[T]) compact() {
 	if n := l.len(); cap(l.s) > 1024 && cap(l.s) > 4*n {
-		l.s, l.head = append([]T(nil), l.live()...), 0
+		s := make([]T, n, 2*n)
+		copy(s, l.live())
+		l.s, l.head = s, 0
 	}
 }
 
