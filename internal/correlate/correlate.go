@@ -246,6 +246,7 @@ func (c *Correlator) Handle(e *event.Event) {
 	case event.KindAnswer:
 		if q := c.ix.lookup(e.QID); q != nil && q.state == statePending {
 			c.ix.setState(q, stateAnswered)
+			c.ix.unpend(q)
 			c.answered++
 		}
 	case event.KindDrop:

@@ -250,6 +250,21 @@ func (ix *index) nameStateOf(k nameKey) *nameState {
 	return s
 }
 
+// unpend takes an answered query off its name's list of unanswered ones,
+// and forgets the name's state once nothing is going on. Left for a later
+// walk, the states of answered names filled the table with every query
+// in flight (a flood asks a new name each time), and each new query's
+// lookup in it missed the cache.
+func (ix *index) unpend(q *query) {
+	if !q.inPend {
+		return
+	}
+	if s, ok := ix.names.get(uint64(q.nk)); ok {
+		s.pend.remove(q)
+		ix.dropName(q.nk, s)
+	}
+}
+
 // nameOfQuery returns q's name state, if it has one.
 func (ix *index) nameOfQuery(q *query) *nameState {
 	s, _ := ix.names.get(uint64(q.nk))
@@ -294,7 +309,7 @@ func (ix *index) byQuestion(id, qtype uint16, name uint64, t, window uint64) *qu
 }
 
 // setState moves q out of statePending (it stays in its name's pending
-// list until the next walk drops it).
+// list until the next walk drops it, or unpend does).
 func (ix *index) setState(q *query, s qstate) {
 	if q.state == statePending && s != statePending {
 		ix.pending--
@@ -329,12 +344,14 @@ func (ix *index) forget(q *query) {
 	if r := ix.socks.ref(sk); r != nil && r.remove(q) {
 		ix.socks.del(sk)
 	}
-	nk := q.nk
-	if s, ok := ix.names.get(uint64(nk)); ok {
-		// Answered and lost queries stay linked until the next walk:
-		// unlink q whatever its state, its struct may be reused.
-		s.pend.remove(q)
-		ix.dropName(nk, s)
+	// Lost queries stay linked until the next walk: unlink q whatever
+	// its state, its struct may be reused. A query not linked leaves its
+	// name's state as it is (answered ones were unlinked at the answer).
+	if nk := q.nk; q.inPend {
+		if s, ok := ix.names.get(uint64(nk)); ok {
+			s.pend.remove(q)
+			ix.dropName(nk, s)
+		}
 	}
 	if q.state == statePending {
 		ix.pending--
