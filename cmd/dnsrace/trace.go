@@ -119,7 +119,7 @@ func (f *traceFlags) register(fs *pflag.FlagSet) {
 	_ = fs.MarkHidden("cpuprofile")
 	fs.BoolVar(&f.emptyProgs, "empty-programs", false, "attach every hook with a program that returns at once and trace nothing: what the hooks alone cost (dnsrace bench --floor)")
 	_ = fs.MarkHidden("empty-programs")
-	fs.IntVar(&f.readerNice, "reader-nice", 0, "nice value (-20 to 19) of the thread that reads the kernel's records; below 0 it keeps up when a flood leaves more runnable threads than CPUs (needs CAP_SYS_NICE)")
+	fs.IntVar(&f.readerNice, "reader-nice", 0, "nice value (-20 to 19) of the two threads that drain and correlate the kernel's records; below 0 they keep up when a flood leaves more runnable threads than CPUs (needs CAP_SYS_NICE)")
 	fs.BoolVar(&f.showResolved, "show-resolved", false, "list every race the kernel rescued (text output; by default they are summed up per pod every 10 s)")
 }
 

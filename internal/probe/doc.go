@@ -30,11 +30,13 @@
 //     entry's original tuple (see bpf/dnsrace.bpf.c).
 //   - Every map is created once and shared by every program that uses it;
 //     the read-only config (cfg, track_cts) is set per load.
-//   - Read decodes records with event.Decode into one reused event.Event
-//     and does not allocate per record; it calls its idle function from the
-//     reading goroutine when the ring has been empty for IdleEvery (the
-//     kernel side wakes the reader only when an eighth of the ring is
-//     queued). Stats sums the kernel side's per-CPU counters: records lost to
+//   - Read drains the ring on a goroutine of its own into a few reused
+//     batches, and decodes them with event.Decode into one reused
+//     event.Event on the calling goroutine: it does not allocate per
+//     record, and the ring empties at the rate of a copy, not at the rate of
+//     the caller's work. It calls its idle function from the calling
+//     goroutine when the ring has been empty for IdleEvery (the kernel side
+//     wakes the reader only when an eighth of the ring is queued). Stats sums the kernel side's per-CPU counters: records lost to
 //     a full ring buffer, flows started and answered.
 //   - DropReasonName resolves enum skb_drop_reason values from the running
 //     kernel's BTF; values are never hard-coded.

@@ -1,14 +1,12 @@
 package probe
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -64,6 +62,10 @@ type Options struct {
 	// FlowEntries sizes the LRU map of flows (queries awaiting their
 	// answer); 0 keeps the object's 32,768. Tests shrink it to fill it.
 	FlowEntries uint32
+	// ReaderNice, when not 0, is the nice value of the thread Read drains
+	// the ring buffer on (needs CAP_SYS_NICE; Read fails if it cannot be
+	// set). The thread is locked to it and ends with it.
+	ReaderNice int
 }
 
 // Mode is how the tracer learns what conntrack did.
@@ -96,9 +98,11 @@ type Tracer struct {
 	maps   map[string]*ebpf.Map // every map, created once, shared
 	rd     *ringbuf.Reader
 
-	readMu    sync.Mutex // one Read at a time; guards rec and ev
+	readMu    sync.Mutex // one Read at a time; guards rec, ev and batches
 	rec       ringbuf.Record
 	ev        event.Event
+	batches   []*batch // Read's, made by the first
+	nice      int      // Options.ReaderNice
 	malformed atomic.Uint64
 	bytes     atomic.Uint64 // record bytes read
 
@@ -180,6 +184,7 @@ func Open(opts Options) (*Tracer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening the ring buffer reader: %w", err)
 	}
+	t.nice = opts.ReaderNice
 	ok = true
 	return t, nil
 }
@@ -586,59 +591,6 @@ func (t *Tracer) Mode() Mode { return t.mode }
 // Probes reports, per hook, the tier and programs in use.
 func (t *Tracer) Probes() []ProbeInfo {
 	return append([]ProbeInfo(nil), t.probes...)
-}
-
-// IdleEvery is how often Read calls its idle function while the ring
-// buffer is empty, and so the longest a record waits in the ring: the
-// kernel side wakes the reader only once a good part of the ring is full.
-const IdleEvery = 100 * time.Millisecond
-
-// Read calls fn for each record until ctx is done or the Tracer is closed,
-// then returns nil. fn gets the same *event.Event every time: it must copy
-// what it keeps. Read does not allocate per record. Records that do not
-// decode are counted (Malformed) and skipped. idle, if not nil, is called
-// from the same goroutine whenever the ring buffer has been empty for
-// IdleEvery, so a caller can keep all its state on the reading goroutine
-// and never share a lock with it.
-func (t *Tracer) Read(ctx context.Context, fn func(*event.Event), idle func()) error {
-	t.readMu.Lock()
-	defer t.readMu.Unlock()
-	if t.rd == nil {
-		return errors.New("tracer is closed")
-	}
-	// ctx done: Flush wakes a blocked ReadInto, which returns the records
-	// still in the ring and then ErrFlushed.
-	stop := context.AfterFunc(ctx, func() { t.rd.Flush() })
-	defer stop()
-	// The deadline is only ever set here, between reads, so SetDeadline
-	// (which takes the reader's lock) never waits for a blocked read.
-	t.rd.SetDeadline(time.Now().Add(IdleEvery))
-	for {
-		if err := t.rd.ReadInto(&t.rec); err != nil {
-			switch {
-			case errors.Is(err, ringbuf.ErrClosed):
-				return nil
-			case errors.Is(err, ringbuf.ErrFlushed):
-				if ctx.Err() != nil {
-					return nil
-				}
-				continue
-			case errors.Is(err, os.ErrDeadlineExceeded):
-				if idle != nil {
-					idle()
-				}
-				t.rd.SetDeadline(time.Now().Add(IdleEvery))
-				continue
-			}
-			return fmt.Errorf("reading the ring buffer: %w", err)
-		}
-		t.bytes.Add(uint64(len(t.rec.RawSample)))
-		if err := event.Decode(t.rec.RawSample, &t.ev); err != nil {
-			t.malformed.Add(1)
-			continue
-		}
-		fn(&t.ev)
-	}
 }
 
 // Stats are the kernel side's own counts.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -38,8 +39,9 @@ func threadsWithNice(t *testing.T, n int) int {
 	return count
 }
 
-// TestReaderNice: Options.ReaderNice gives the reader's thread, and only
-// it, that nice value, for as long as the session reads.
+// TestReaderNice: Options.ReaderNice gives the reader's thread and the
+// thread that drains the ring buffer for it, and only them, that nice
+// value, for as long as the session reads; the threads end with it.
 func TestReaderNice(t *testing.T) {
 	testutil.RequireRoot(t)
 	const nice = -7
@@ -50,8 +52,24 @@ func TestReaderNice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := threadsWithNice(t, nice); n != 1 {
-		t.Errorf("%d threads at nice %d while reading, want the reader's alone", n, nice)
+	// The drain thread takes its nice value once the reader starts it.
+	if n := waitThreadsWithNice(t, nice, 2); n != 2 {
+		t.Errorf("%d threads at nice %d while reading, want the reader's and the drain's", n, nice)
 	}
 	s.Stop()
+	if n := waitThreadsWithNice(t, nice, 0); n != 0 {
+		t.Errorf("%d threads at nice %d after Stop, want none", n, nice)
+	}
+}
+
+// waitThreadsWithNice polls, for up to two seconds, until want threads
+// have nice value n, and returns the last count.
+func waitThreadsWithNice(t *testing.T, n, want int) int {
+	t.Helper()
+	got := threadsWithNice(t, n)
+	for deadline := time.Now().Add(2 * time.Second); got != want && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		got = threadsWithNice(t, n)
+	}
+	return got
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -36,7 +35,8 @@ type Options struct {
 	// ReadyFile is written once every probe is attached.
 	ReadyFile string
 	// OnIncident is called for every incident, after it is formatted for
-	// Out (it reaches Out at the next tick).
+	// Out (it reaches Out at the next tick), on the session's writer
+	// goroutine: one at a time, in order.
 	OnIncident func(*correlate.Incident)
 	// Correlate tunes the correlator (OnIncident, Counters, ReasonName,
 	// Location and Wall are set by the session).
@@ -50,20 +50,29 @@ type Options struct {
 	// output, instead of summing them up per pod every 10 s.
 	ShowResolved bool
 	// ReaderNice, when not 0, is the nice value of the reader's thread
-	// (the thread is locked to it): below 0 it gets more of a CPU its
-	// floods share with more runnable threads than there are CPUs
-	// (needs CAP_SYS_NICE; Start fails if it cannot be set).
+	// and of the thread that drains the ring buffer for it
+	// (probe.Options.ReaderNice; each is locked to its thread): below 0
+	// they get more of a CPU their floods share with more runnable
+	// threads than there are CPUs (needs CAP_SYS_NICE; Start fails if it
+	// cannot be set).
 	ReaderNice int
 }
 
 // Session is one running trace.
 //
 // Concurrency: one goroutine, the reader, owns the correlator and every
-// count it feeds: it handles events, ticks the correlator and writes
-// incidents. Nothing else ever waits for it or holds a lock it needs. After
-// every tick it publishes a snapshot (atomic pointer) of what the progress
-// line, /metrics and SIGUSR1 read; events are counted in an atomic. Stop
-// waits for the reader to finish draining and then owns everything.
+// count it feeds: it handles events and ticks the correlator. At every tick
+// it hands the incidents that closed, with a snapshot of its counts, to a
+// second goroutine, the writer, which names their pods, formats and writes
+// them, calls OnIncident, and then publishes the snapshot (atomic pointer)
+// that the progress line, /metrics and SIGUSR1 read: an incident a snapshot
+// counts has been written. The writer is a thread of its own because a
+// flood of incidents (tens of thousands a second when a node drops
+// queries) must not slow the reader below the ring buffer's rate. Nothing
+// else ever waits for the reader or holds a lock it needs; it waits for
+// the writer only when outQueue ticks of output are queued. Events are
+// counted in an atomic. Stop waits for the reader to finish draining, hands
+// the writer the rest, waits for it, and then owns everything.
 type Session struct {
 	opts    Options
 	tracer  *probe.Tracer
@@ -76,11 +85,16 @@ type Session struct {
 	corr     *correlate.Correlator
 	counts   map[string]int
 	ctNS     map[uint32]bool
-	nextTick uint64 // CLOCK_MONOTONIC ns of the next Tick between events
-	out      *json.Encoder
-	text     *TextWriter
-	buf      *bufio.Writer // under out or text; flushed at each tick
+	nextTick uint64                // CLOCK_MONOTONIC ns of the next Tick between events
+	closing  []*correlate.Incident // closed since the last tick
 	readErr  error
+
+	// Writer-owned (Stop's once the writer is done).
+	out   *json.Encoder
+	text  *TextWriter
+	buf   *bufio.Writer // under out or text; flushed at each tick
+	outq  chan outBatch
+	wdone chan struct{}
 
 	events atomic.Uint64
 	snap   atomic.Pointer[snapshot]
@@ -95,6 +109,19 @@ type Session struct {
 	lostAtStop   atomic.Uint64
 	missedAtStop atomic.Pointer[map[string]uint64]
 }
+
+// outBatch is one tick's output, from the reader to the writer.
+type outBatch struct {
+	incidents []*correlate.Incident
+	// release: the text writer may let go of lines held until now (no
+	// stall older than oldest is still open).
+	release     bool
+	oldest, now time.Time
+	snap        *snapshot // published once the incidents are written
+}
+
+// outQueue is how many ticks of output may wait for the writer.
+const outQueue = 16
 
 // snapshot is the reader's state as of its last tick, for everyone else.
 type snapshot struct {
@@ -115,11 +142,13 @@ func Start(opts Options) (*Session, error) {
 	if opts.Probe.ProcRoot == "" {
 		opts.Probe.ProcRoot = opts.ProcRoot
 	}
+	opts.Probe.ReaderNice = opts.ReaderNice
 	t, err := probe.Open(opts.Probe)
 	if err != nil {
 		return nil, err
 	}
-	s := &Session{opts: opts, tracer: t, ctNS: map[uint32]bool{}, counts: map[string]int{}, done: make(chan struct{})}
+	s := &Session{opts: opts, tracer: t, ctNS: map[uint32]bool{}, counts: map[string]int{}, done: make(chan struct{}),
+		outq: make(chan outBatch, outQueue), wdone: make(chan struct{})}
 	s.syms, _ = ksym.Load("")
 	s.ns = newNSCounters(opts.ProcRoot)
 	var ts unix.Timespec
@@ -139,7 +168,8 @@ func Start(opts Options) (*Session, error) {
 	} else {
 		s.text = NewTextWriter(s.buf, opts.ShowResolved)
 	}
-	s.publish()
+	s.snap.Store(s.snapshot())
+	go s.write()
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	niced := make(chan error, 1)
@@ -170,13 +200,12 @@ const outBufferSize = 64 << 10
 func (s *Session) read(ctx context.Context, niced chan<- error) {
 	defer close(s.done)
 	if n := s.opts.ReaderNice; n != 0 {
-		// The thread ends with the goroutine (no UnlockOSThread), so
-		// its nice value is never handed to other goroutines.
-		runtime.LockOSThread()
-		if err := unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), n); err != nil {
+		restore, err := probe.NiceThread(n)
+		if err != nil {
 			niced <- fmt.Errorf("setting the reader's nice value to %d: %w", n, err)
 			return
 		}
+		defer restore()
 	}
 	niced <- nil
 	s.readErr = s.tracer.Read(ctx, s.handle, func() { s.tick(monoNow()) })
@@ -200,55 +229,43 @@ func (s *Session) handle(e *event.Event) {
 	}
 }
 
-// tick runs on the reader (or in Stop, once the reader is done).
+// tick runs on the reader.
 func (s *Session) tick(now uint64) {
 	s.corr.Tick(now)
 	s.nextTick = now + uint64(tickEvery)
-	if s.text != nil {
-		var oldest time.Time
+	s.handOver(now, true)
+}
+
+// handOver gives the writer the incidents closed since the last tick and
+// a snapshot of the counts that include them.
+func (s *Session) handOver(now uint64, release bool) {
+	b := outBatch{incidents: s.closing, snap: s.snapshot(), now: s.wall(now), release: release && s.text != nil}
+	if b.release {
 		if o := s.corr.OldestOpen(); o != 0 {
-			oldest = s.wall(o)
+			b.oldest = s.wall(o)
 		}
-		s.text.Release(oldest, s.wall(now))
 	}
-	s.flushAndPublish()
+	s.closing = nil
+	s.outq <- b
 }
 
-// flushAndPublish writes the buffered incidents, then publishes: an
-// incident the snapshot counts (the progress line, a SIGUSR1 checkpoint)
-// has been written.
-func (s *Session) flushAndPublish() {
-	_ = s.buf.Flush()
-	s.publish()
-}
-
-// wall converts a CLOCK_MONOTONIC time to wall time.
-func (s *Session) wall(mono uint64) time.Time {
-	return time.Unix(0, int64(mono)+int64(s.monoOff))
-}
-
-// publish copies what others read into a new snapshot.
-func (s *Session) publish() {
-	sn := &snapshot{stats: s.corr.Stats(), counts: make(map[string]int, len(s.counts)),
-		attributed: s.corr.Attributed(), ctNS: make([]uint32, 0, len(s.ctNS))}
-	for c, n := range s.counts {
-		sn.counts[c] = n
+// write is the writer: it writes each tick's incidents, flushes, and
+// then publishes that tick's snapshot.
+func (s *Session) write() {
+	defer close(s.wdone)
+	for b := range s.outq {
+		for _, inc := range b.incidents {
+			s.writeIncident(inc)
+		}
+		if b.release {
+			s.text.Release(b.oldest, b.now)
+		}
+		_ = s.buf.Flush()
+		s.snap.Store(b.snap)
 	}
-	for ns := range s.ctNS {
-		sn.ctNS = append(sn.ctNS, ns)
-	}
-	s.snap.Store(sn)
 }
 
-func monoNow() uint64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return uint64(ts.Nano())
-}
-
-// incident runs on the reader (the correlator calls it).
-func (s *Session) incident(inc *correlate.Incident) {
-	s.counts[inc.Cause]++
+func (s *Session) writeIncident(inc *correlate.Incident) {
 	if s.opts.Pods != nil {
 		Attribute(s.opts.Pods, inc)
 	}
@@ -260,6 +277,37 @@ func (s *Session) incident(inc *correlate.Incident) {
 	if s.opts.OnIncident != nil {
 		s.opts.OnIncident(inc)
 	}
+}
+
+// wall converts a CLOCK_MONOTONIC time to wall time.
+func (s *Session) wall(mono uint64) time.Time {
+	return time.Unix(0, int64(mono)+int64(s.monoOff))
+}
+
+// snapshot copies what others read (reader-owned).
+func (s *Session) snapshot() *snapshot {
+	sn := &snapshot{stats: s.corr.Stats(), counts: make(map[string]int, len(s.counts)),
+		attributed: s.corr.Attributed(), ctNS: make([]uint32, 0, len(s.ctNS))}
+	for c, n := range s.counts {
+		sn.counts[c] = n
+	}
+	for ns := range s.ctNS {
+		sn.ctNS = append(sn.ctNS, ns)
+	}
+	return sn
+}
+
+func monoNow() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}
+
+// incident runs on the reader (the correlator calls it): the writer
+// gets it at the next tick.
+func (s *Session) incident(inc *correlate.Incident) {
+	s.counts[inc.Cause]++
+	s.closing = append(s.closing, inc)
 }
 
 // Live is what a running session has seen so far.
@@ -405,13 +453,17 @@ func (s *Session) Stop() *Summary {
 		time.Sleep(50 * time.Millisecond)
 		s.cancel()
 		<-s.done
-		// The reader is gone: its state is Stop's now.
+		// The reader is gone: its state is Stop's now; the writer's once
+		// it has written the rest.
 		now := monoNow()
 		s.corr.Close(now)
+		s.handOver(now, false)
+		close(s.outq)
+		<-s.wdone
 		if s.text != nil {
 			s.text.Close(s.wall(now))
 		}
-		s.flushAndPublish()
+		_ = s.buf.Flush()
 		sum := s.reconcile("summary", s.snap.Load(), s.tracer.Lost())
 		st := s.tracer.Stats()
 		kf := &KernelFlows{Started: st.FlowsNew, Answered: st.FlowsAnswered, Live: s.tracer.FlowsLive()}
