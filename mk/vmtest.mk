@@ -11,7 +11,7 @@ VMTEST_ARGS ?=
 vmtest: ## Run the test binaries in every kernel of scripts/kernels.txt under qemu (root; writes .cache/vmtest)
 	$(VMTEST) $(VMTEST_ARGS)
 
-vmtest-full: ## The same with the full matrix: every trace scenario in every tier on arm64 too (past the CI budget; root)
+vmtest-full: ## The same with the full matrix: every trace scenario in every tier on every kernel (past the CI budget; root)
 	$(VMTEST) --full $(VMTEST_ARGS)
 
 vmtest-selftest: ## Check the vmtest log parser and matrix printer on canned logs (no VM)
