@@ -8,6 +8,7 @@ import (
 
 	"github.com/dnsrace/dnsrace/internal/correlate"
 	"github.com/dnsrace/dnsrace/internal/event"
+	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
 const (
@@ -44,7 +45,7 @@ func BenchmarkHandle(b *testing.B) {
 			c.Tick(t)
 		}
 	}
-	stream(b, run)
+	testutil.BenchStream(b, 2*correlate.DefaultMaxQueries, run)
 	st := c.Stats()
 	if st.Answered != st.Queries {
 		b.Fatalf("stream not answered: %+v", st)
@@ -109,7 +110,7 @@ func BenchmarkDropFlood(b *testing.B) {
 			c.Tick(t)
 		}
 	}
-	stream(b, run)
+	testutil.BenchStream(b, 2*correlate.DefaultMaxQueries, run)
 	// A stall is written when the cap makes room (longer runs) or at
 	// QueryTTL; its lost query is counted at once.
 	st := c.Stats()
@@ -117,20 +118,4 @@ func BenchmarkDropFlood(b *testing.B) {
 		b.Fatalf("no drop became a lost query: the stream is wrong: %+v", st)
 	}
 	b.ReportMetric(float64(incidents)/float64(st.Queries), "incidents/query")
-}
-
-// stream runs query n of a stream through run: a warm-up past the
-// MaxQueries cap (so every query also evicts the oldest, as on a node
-// that busy), then the timed loop, one query per b.N.
-func stream(b *testing.B, run func(n uint64)) {
-	var n uint64
-	for ; n < 2*correlate.DefaultMaxQueries; n++ {
-		run(n)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		run(n)
-		n++
-	}
-	b.StopTimer()
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/dnsrace/dnsrace/internal/bpf"
 	"github.com/dnsrace/dnsrace/internal/correlate"
 	"github.com/dnsrace/dnsrace/internal/event"
+	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
 func bytesOf[T any](v *T) []byte {
@@ -54,17 +55,7 @@ func BenchmarkReadPath(b *testing.B) {
 			c.Tick(t)
 		}
 	}
-	// Warm up to steady state: past the MaxQueries cap.
-	var n uint64
-	for ; n < 2*correlate.DefaultMaxQueries; n++ {
-		run(n)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		run(n)
-		n++
-	}
-	b.StopTimer()
+	testutil.BenchStream(b, 2*correlate.DefaultMaxQueries, run)
 	if st := c.Stats(); st.Answered != st.Queries {
 		b.Fatalf("queries not answered: the stream is wrong: %+v", st)
 	}
