@@ -64,7 +64,8 @@ type Options struct {
 	FlowEntries uint32
 	// ReaderNice, when not 0, is the nice value of the thread Read drains
 	// the ring buffer on (needs CAP_SYS_NICE; Read fails if it cannot be
-	// set). The thread is locked to it and ends with it.
+	// set). The drain is locked to its thread and gives the nice value
+	// back before it ends (NiceThread).
 	ReaderNice int
 }
 

@@ -19,10 +19,13 @@ const IdleEvery = 100 * time.Millisecond
 
 // Records are drained from the ring into batches of up to batchRecords
 // records or batchBytes bytes; readBatches of them may wait for the
-// caller. A record is at most a few hundred bytes.
+// caller. A batch counts as full with recordRoom bytes still free: more
+// than the largest record (a QUERY with its 272 bytes of DNS), so a
+// record never makes a batch's buffer grow.
 const (
 	batchRecords = 1024
 	batchBytes   = 128 << 10
+	recordRoom   = 1024
 	readBatches  = 16
 )
 
@@ -39,7 +42,9 @@ func (b *batch) add(rec []byte) {
 	b.ends = append(b.ends, len(b.buf))
 }
 
-func (b *batch) full() bool { return len(b.ends) >= batchRecords || len(b.buf) >= batchBytes-1024 }
+func (b *batch) full() bool {
+	return len(b.ends) >= batchRecords || len(b.buf) >= batchBytes-recordRoom
+}
 
 func (b *batch) reset() { b.buf, b.ends, b.idle = b.buf[:0], b.ends[:0], false }
 
