@@ -402,10 +402,10 @@ func runTrace(ctx context.Context, args []string) error {
 	defer signal.Stop(usr1)
 	go func() {
 		for range usr1 {
-			if cp := s.Checkpoint(); cp != nil {
+			s.Checkpoint(func(cp *trace.Summary) {
 				cp.PcapErrors = pcapErrors.Load()
 				trace.WriteSummary(out, cp, f.json)
-			}
+			})
 		}
 	}()
 	if prog != nil {

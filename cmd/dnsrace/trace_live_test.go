@@ -130,7 +130,10 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 		}()
 	}
 
-	// Three checkpoints, each must arrive within answerWithin.
+	// Three checkpoints, each must arrive within answerWithin and count
+	// exactly the incidents written before it (it is written between two
+	// ticks' output, never inside an incident).
+	incidents := 0
 	time.Sleep(3 * time.Second)
 	for i := range 3 {
 		sent := time.Now()
@@ -141,10 +144,16 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 		for !got {
 			select {
 			case l := <-lines:
-				if l.obj["type"] == "checkpoint" {
+				switch l.obj["type"] {
+				case "incident":
+					incidents++
+				case "checkpoint":
 					got = true
 					if d := l.at.Sub(sent); d > answerWithin {
 						t.Errorf("checkpoint %d came %v after SIGUSR1", i, d)
+					}
+					if n := countIncidents(l.obj); n != incidents {
+						t.Errorf("checkpoint %d counts %d incidents, %d were written before it", i, n, incidents)
 					}
 				}
 			case <-time.After(answerWithin):
@@ -153,9 +162,16 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second)
 	}
-	// The progress line is redrawn every second while all this goes on.
+	// The progress line is redrawn every second while all this goes on,
+	// and a burst of checkpoints lands among the incidents (each is
+	// checked below, as the three above).
 	before := strings.Count(errb.String(), "tracing ")
-	time.Sleep(2500 * time.Millisecond)
+	for range 50 {
+		if err := tr.Process.Signal(syscall.SIGUSR1); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if after := strings.Count(errb.String(), "tracing "); after < before+2 {
 		t.Errorf("progress line redrawn %d times in 2.5 s, want >= 2", after-before)
 	}
@@ -166,8 +182,17 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	var summary map[string]any
+	burst := 0
 	for l := range lines {
-		if l.obj["type"] == "summary" {
+		switch l.obj["type"] {
+		case "incident":
+			incidents++
+		case "checkpoint":
+			burst++
+			if n := countIncidents(l.obj); n != incidents {
+				t.Errorf("a checkpoint of the burst counts %d incidents, %d were written before it", n, incidents)
+			}
+		case "summary":
 			summary = l.obj
 		}
 	}
@@ -177,8 +202,14 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 	if summary == nil {
 		t.Fatalf("no summary after SIGTERM; stderr:\n%s", errb.String())
 	}
-	t.Logf("flood %+v; %d scrapes (%d failed or slower than %v); summary %v after SIGTERM; events %v lost %v",
-		flood, scrapes.Load(), slow.Load(), answerWithin, time.Since(stopped).Round(time.Millisecond), summary["events"], summary["events_lost"])
+	t.Logf("flood %+v; %d checkpoints for a burst of 50 SIGUSR1; %d scrapes (%d failed or slower than %v); summary %v after SIGTERM; events %v lost %v",
+		flood, burst, scrapes.Load(), slow.Load(), answerWithin, time.Since(stopped).Round(time.Millisecond), summary["events"], summary["events_lost"])
+	if burst == 0 {
+		t.Error("no checkpoint for a burst of 50 SIGUSR1")
+	}
+	if n := countIncidents(summary); n != incidents {
+		t.Errorf("the summary counts %d incidents, %d were written", n, incidents)
+	}
 	if slow.Load() > 0 {
 		t.Errorf("%d of %d scrapes failed or took longer than %v", slow.Load(), scrapes.Load()+slow.Load(), answerWithin)
 	}
@@ -214,4 +245,13 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// countIncidents sums a checkpoint's or summary's incidents by cause.
+func countIncidents(sum map[string]any) int {
+	n := 0
+	for _, v := range sum["incidents"].(map[string]any) {
+		n += int(v.(float64))
+	}
+	return n
 }

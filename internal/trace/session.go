@@ -65,8 +65,9 @@ type Options struct {
 // it hands the incidents that closed, with a snapshot of its counts, to a
 // second goroutine, the writer, which names their pods, formats and writes
 // them, calls OnIncident, and then publishes the snapshot (atomic pointer)
-// that the progress line, /metrics and SIGUSR1 read: an incident a snapshot
-// counts has been written. The writer is a thread of its own because a
+// that the progress line and /metrics read: an incident a snapshot counts
+// has been written. A checkpoint (SIGUSR1) is written by the writer too,
+// between two ticks' output. The writer is a thread of its own because a
 // flood of incidents (tens of thousands a second when a node drops
 // queries) must not slow the reader below the ring buffer's rate. Nothing
 // else ever waits for the reader or holds a lock it needs; it waits for
@@ -94,6 +95,7 @@ type Session struct {
 	text  *TextWriter
 	buf   *bufio.Writer // under out or text; flushed at each tick
 	outq  chan outBatch
+	cpq   chan func() // checkpoints, written between two ticks' output
 	wdone chan struct{}
 
 	events atomic.Uint64
@@ -148,7 +150,7 @@ func Start(opts Options) (*Session, error) {
 		return nil, err
 	}
 	s := &Session{opts: opts, tracer: t, ctNS: map[uint32]bool{}, counts: map[string]int{}, done: make(chan struct{}),
-		outq: make(chan outBatch, outQueue), wdone: make(chan struct{})}
+		outq: make(chan outBatch, outQueue), cpq: make(chan func()), wdone: make(chan struct{})}
 	s.syms, _ = ksym.Load("")
 	s.ns = newNSCounters(opts.ProcRoot)
 	var ts unix.Timespec
@@ -250,18 +252,27 @@ func (s *Session) handOver(now uint64, release bool) {
 }
 
 // write is the writer: it writes each tick's incidents, flushes, and
-// then publishes that tick's snapshot.
+// then publishes that tick's snapshot. Checkpoints come in between, when
+// the buffer is empty.
 func (s *Session) write() {
 	defer close(s.wdone)
-	for b := range s.outq {
-		for _, inc := range b.incidents {
-			s.writeIncident(inc)
+	for {
+		select {
+		case b, ok := <-s.outq:
+			if !ok {
+				return
+			}
+			for _, inc := range b.incidents {
+				s.writeIncident(inc)
+			}
+			if b.release {
+				s.text.Release(b.oldest, b.now)
+			}
+			_ = s.buf.Flush()
+			s.snap.Store(b.snap)
+		case cp := <-s.cpq:
+			cp()
 		}
-		if b.release {
-			s.text.Release(b.oldest, b.now)
-		}
-		_ = s.buf.Flush()
-		s.snap.Store(b.snap)
 	}
 }
 
@@ -484,16 +495,27 @@ func (s *Session) Stop() *Summary {
 	return s.summary
 }
 
-// Checkpoint returns the reconciliation so far without stopping (type
-// "checkpoint"), from the reader's last snapshot (at most tickEvery old)
-// and the kernel's counters now; nil once stopped. Drops younger than the
-// correlator's classify delay (a quarter second) are not attributed yet
-// and may show as a passing mismatch.
-func (s *Session) Checkpoint() *Summary {
-	if s.closed.Load() {
-		return nil
+// Checkpoint hands write the reconciliation so far (type "checkpoint") and
+// waits for it to return; it returns false, without calling write, once
+// the session is stopping. write runs on the writer between two ticks'
+// output, so what it writes to the session's output never lands inside an
+// incident (an incident can straddle two flushes of the buffer), and the
+// checkpoint counts exactly the incidents written before it. Drops younger
+// than the correlator's classify delay (a quarter second) are not
+// attributed yet and may show as a passing mismatch.
+func (s *Session) Checkpoint(write func(*Summary)) bool {
+	done := make(chan struct{})
+	cp := func() {
+		defer close(done)
+		write(s.reconcile("checkpoint", s.snap.Load(), s.lost()))
 	}
-	return s.reconcile("checkpoint", s.snap.Load(), s.lost())
+	select {
+	case s.cpq <- cp:
+		<-done
+		return true
+	case <-s.wdone:
+		return false
+	}
 }
 
 // reconcile builds the summary from a snapshot of what was attributed and
