@@ -61,7 +61,9 @@ func TestTraceTerminal(t *testing.T) {
 	waitFor("the tracing line", 30*time.Second, func(s string) bool {
 		return regexp.MustCompile(`(?m)^dnsrace: tracing DNS port 53, every netns \(tracepoint: xmit recv copy drop ct-free rcvbuf\); waiting for stalls, Ctrl-C to stop$`).MatchString(s)
 	})
-	progress := regexp.MustCompile(`tracing (\d+)s: \d+ DNS queries \(\d+ answered, \d+ waiting\), \d+ stalls, \d+ races rescued; \d+ records read, 0 lost`)
+	// The time is a Go duration: 59s, then 1m0s (a CI run waited 100 s
+	// for its stall).
+	progress := regexp.MustCompile(`tracing ((?:\d+h)?(?:\d+m)?\d+s): \d+ DNS queries \(\d+ answered, \d+ waiting\), \d+ stalls, \d+ races rescued; \d+ records read, 0 lost`)
 	first := waitFor("the progress line", 5*time.Second, progress.MatchString)
 	firstSecs := progress.FindStringSubmatch(first)[1]
 
