@@ -171,6 +171,26 @@ expect fallback 0 \
 grep -q '"arch": "arm64", .*"pin": "fallback", "wanted": "linux-image-6.1.0-40-cloud-amd64-unsigned"' "$tmp/fallback.json" ||
 	fail "fallback: JSON lacks arch, pin or wanted"
 
+# One kernel split over two guests (--split): their cells make one row per suite, each guest has its
+# own kernel line naming its tiers, and a cell the fentry guest never reported fails although the
+# other guest finished.
+grep -v 'tier=kprobe\|tier=any' "$tmp/tiers.log" | sed 's/ tiers=fentry,kprobe,tracepoint,any / tiers=fentry,tracepoint /' >"$tmp/split-a.log"
+grep -v 'tier=fentry\|tier=tracepoint' "$tmp/tiers.log" | sed -e 's/ tiers=fentry,kprobe,tracepoint,any / tiers=kprobe,any /' \
+	-e 's/seconds=102.5/seconds=40.0/' >"$tmp/split-b.log"
+expect split 0 \
+	'^6\.1 +6\.1\.0-57-cloud-amd64 +probe +pass +pass +pass +- *$' \
+	'^6\.1 +6\.1\.0-57-cloud-amd64 +lab +- +- +- +pass' \
+	'^kernel 6\.1: p=1, boot 2\.95 s, guest wall 102\.5 s, qemu rc 0, done \(tiers fentry,tracepoint\)$' \
+	'^kernel 6\.1: p=1, boot 2\.95 s, guest wall 40\.0 s, qemu rc 0, done \(tiers kprobe,any\)$' \
+	'^cells: 4 pass, 0 skip, 0 fail; total wall time 142\.5 s' \
+	-- "$tmp/split-a.log" "$tmp/split-b.log"
+grep -q '"tiers": "kprobe,any"' "$tmp/split.json" || fail "split: JSON lacks the guest's tiers"
+grep -v 'tier=fentry' "$tmp/split-a.log" >"$tmp/split-a-missing.log"
+expect split-missing 1 \
+	'^6\.1 +6\.1\.0-57-cloud-amd64 +probe +fail\(no-result\) +pass +pass +- *$' \
+	'^cells: 3 pass, 0 skip, 1 fail' \
+	-- "$tmp/split-a-missing.log" "$tmp/split-b.log"
+
 # same CMD... -- WANT: the output of `scripts/vmtest --call CMD...` must be WANT.
 same() {
 	local args=() got
@@ -226,6 +246,13 @@ if out=$(DNSRACE_VMTEST_KERNELS_FILE=$tmp/bad-kernels.txt "$VMTEST" --call read_
 else
 	echo "ok: read_kernels refuses an unknown field"
 fi
+
+# --split: the default puts the fentry tier in a guest of its own and the rest in another; a plan
+# without fentry is one guest; tiers in no group make one more; "all" keeps one guest per kernel.
+same split_tiers fentry,kprobe,tracepoint,any -- "$(printf '%s\n' fentry kprobe,tracepoint,any)"
+same split_tiers kprobe,tracepoint -- kprobe,tracepoint
+DNSRACE_VMTEST_SPLIT=kprobe same split_tiers fentry,kprobe,any -- "$(printf '%s\n' kprobe fentry,any)"
+DNSRACE_VMTEST_SPLIT=all same split_tiers fentry,kprobe,any -- fentry,kprobe,any
 unset DNSRACE_VMTEST_APT_ETC DNSRACE_VMTEST_OS_RELEASE
 
 if [ "$failures" -gt 0 ]; then
