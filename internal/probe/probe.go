@@ -59,8 +59,10 @@ type Options struct {
 	// cost this kernel, before any work (dnsrace bench --floor). Nothing is
 	// traced.
 	EmptyPrograms bool
-	// FlowEntries sizes the LRU map of flows (queries awaiting their
-	// answer); 0 keeps the object's 32,768. Tests shrink it to fill it.
+	// FlowEntries is how many flows (queries awaiting their answer) the
+	// LRU map of flows holds; 0 keeps the object's 32,768. The map gets
+	// the LRU's per-CPU room on top (addLRURoom). Tests shrink it to fill
+	// it.
 	FlowEntries uint32
 	// ReaderNice, when not 0, is the nice value of the thread Read drains
 	// the ring buffer on (needs CAP_SYS_NICE; Read fails if it cannot be
@@ -226,6 +228,9 @@ func newLoader(opts Options) (*loader, error) {
 	spec.Maps[bpf.DnsraceMapEvents].MaxEntries = opts.RingBufferSize
 	if opts.FlowEntries != 0 {
 		spec.Maps[bpf.DnsraceMapFlows].MaxEntries = opts.FlowEntries
+	}
+	if err := addLRURoom(spec); err != nil {
+		return nil, err
 	}
 	cfg := bpf.DnsraceConfig{Netns: opts.NetNS, WakeupBytes: opts.RingBufferSize / 8}
 	for i, p := range ports {
