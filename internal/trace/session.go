@@ -497,7 +497,7 @@ func (s *Session) Stop() *Summary {
 
 // Checkpoint hands write the reconciliation so far (type "checkpoint") and
 // waits for it to return; it returns false, without calling write, once
-// the session is stopping. write runs on the writer between two ticks'
+// Stop has written the rest. write runs on the writer between two ticks'
 // output, so what it writes to the session's output never lands inside an
 // incident (an incident can straddle two flushes of the buffer), and the
 // checkpoint counts exactly the incidents written before it. Drops younger
