@@ -11,8 +11,9 @@ VMTEST_ARGS ?=
 vmtest: ## Run the test binaries in every kernel of scripts/kernels.txt under qemu (root; writes .cache/vmtest)
 	$(VMTEST) $(VMTEST_ARGS)
 
+# The full matrix boots a guest per kernel and tier: three trace suites of about 230 s each under TCG.
 vmtest-full: ## The same with the full matrix: every trace scenario in every tier on every kernel (past the CI budget; root)
-	$(VMTEST) --full $(VMTEST_ARGS)
+	$(VMTEST) --full --split "fentry kprobe tracepoint,any" $(VMTEST_ARGS)
 
 vmtest-selftest: ## Check the vmtest log parser and matrix printer on canned logs (no VM)
 	$(VMTEST) --self-test
