@@ -130,10 +130,22 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 		}()
 	}
 
-	// Three checkpoints, each must arrive within answerWithin and count
-	// exactly the incidents written before it (it is written between two
-	// ticks' output, never inside an incident).
-	incidents := 0
+	// Every checkpoint must count exactly the incidents written before it
+	// (it is written between two ticks' output, never inside an incident);
+	// tally counts the incidents and checks each checkpoint.
+	incidents, checkpoints := 0, 0
+	tally := func(l line) {
+		switch l.obj["type"] {
+		case "incident":
+			incidents++
+		case "checkpoint":
+			checkpoints++
+			if n := countIncidents(l.obj); n != incidents {
+				t.Errorf("checkpoint %d counts %d incidents, %d were written before it", checkpoints, n, incidents)
+			}
+		}
+	}
+	// Three checkpoints, each must arrive within answerWithin.
 	time.Sleep(3 * time.Second)
 	for i := range 3 {
 		sent := time.Now()
@@ -144,16 +156,11 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 		for !got {
 			select {
 			case l := <-lines:
-				switch l.obj["type"] {
-				case "incident":
-					incidents++
-				case "checkpoint":
+				tally(l)
+				if l.obj["type"] == "checkpoint" {
 					got = true
 					if d := l.at.Sub(sent); d > answerWithin {
 						t.Errorf("checkpoint %d came %v after SIGUSR1", i, d)
-					}
-					if n := countIncidents(l.obj); n != incidents {
-						t.Errorf("checkpoint %d counts %d incidents, %d were written before it", i, n, incidents)
 					}
 				}
 			case <-time.After(answerWithin):
@@ -182,20 +189,14 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	var summary map[string]any
-	burst := 0
+	timed := checkpoints
 	for l := range lines {
-		switch l.obj["type"] {
-		case "incident":
-			incidents++
-		case "checkpoint":
-			burst++
-			if n := countIncidents(l.obj); n != incidents {
-				t.Errorf("a checkpoint of the burst counts %d incidents, %d were written before it", n, incidents)
-			}
-		case "summary":
+		tally(l)
+		if l.obj["type"] == "summary" {
 			summary = l.obj
 		}
 	}
+	burst := checkpoints - timed
 	if err := tr.Wait(); err != nil {
 		t.Fatalf("trace exited with %v: %s", err, errb.String())
 	}
