@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -112,13 +113,13 @@ func runBench(ctx context.Context, args []string) error {
 			return usagef("--rate %d: want a positive rate", r)
 		}
 	}
+	known := make([]string, len(perf.Cases))
+	for i, k := range perf.Cases {
+		known[i] = k.Name
+	}
 	for _, c := range *cases {
-		ok := false
-		for _, k := range perf.Cases {
-			ok = ok || k.Name == c
-		}
-		if !ok {
-			return usagef("--case %q: unknown case", c)
+		if !slices.Contains(known, c) {
+			return usagef("--case %q: unknown case (known: %s)", c, strings.Join(known, ", "))
 		}
 	}
 	switch *attach {
