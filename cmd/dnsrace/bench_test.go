@@ -7,7 +7,7 @@ import (
 )
 
 // TestBenchBadInput: bad flags are refused before anything is built, with
-// exit 2 and one line that says what would do.
+// exit 2 and one line that says what is accepted.
 func TestBenchBadInput(t *testing.T) {
 	cases := []struct {
 		args []string
