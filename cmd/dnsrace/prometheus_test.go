@@ -260,8 +260,11 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	// takes 5 s or more), as the lab's own snat-port client does; past
 	// that, up to 150 s, until what the checks below need has happened:
 	// the 3 stalls the alert fires at, one of them in pod0. The race
-	// needs both CPUs at one instant, and a busy machine gives it fewer
-	// (CI runs here saw 0 in 60 s, and 1 in 47 s).
+	// needs two pods' queries at one instant, so the lookups run back to
+	// back from a shell in each pod: started one by one through the
+	// helper (tens of milliseconds of Go start-up each, both CPUs busy
+	// with it) they came so far apart that a CI run saw no race in two
+	// minutes (4,366 lookups).
 	t1 := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 	defer cancel()
@@ -279,30 +282,53 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		now := time.Now()
 		return ctx.Err() == nil && (now.Before(stop) || (stalled < 3 || pod0 == 0) && now.Before(limit))
 	}
+	// Each line: a lookup's start and end (ns). The shell ends after the
+	// lookup it is in once the stop file exists.
+	stopFile := filepath.Join(t.TempDir(), "stop")
+	const loop = `while [ ! -e "$2" ]; do s=$(date +%s%N); getent ahosts "$1" >/dev/null; echo "$s $(date +%s%N)"; done`
 	for i := range 4 {
+		c := exec.CommandContext(ctx, dnsraceBin, nsutil.ExecHelperArg, fmt.Sprintf("%s-pod%d", prefix, i), "--", "sh", "-c", loop, "sh", lab.QName(i), stopFile)
+		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+		lines, err := c.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for driving() {
-				c := exec.CommandContext(ctx, dnsraceBin, nsutil.ExecHelperArg, fmt.Sprintf("%s-pod%d", prefix, i), "--", "getent", "ahosts", lab.QName(i))
-				s := time.Now()
-				_ = c.Run()
-				d := time.Since(s)
+			defer c.Wait()
+			sc := bufio.NewScanner(lines)
+			for sc.Scan() {
+				var s, e int64
+				if _, err := fmt.Sscan(sc.Text(), &s, &e); err != nil {
+					t.Errorf("pod%d: lookup line %q: %v", i, sc.Text(), err)
+					return
+				}
 				mu.Lock()
 				lookups++
-				if d >= 4900*time.Millisecond {
+				if time.Duration(e-s) >= 4900*time.Millisecond {
 					stalled++
 					if i == 0 {
 						pod0++
 					}
-					if firstStall.IsZero() {
-						firstStall = s
+					if firstStall.IsZero() || time.Unix(0, s).Before(firstStall) {
+						firstStall = time.Unix(0, s)
 					}
 				}
 				mu.Unlock()
 			}
 		}()
 	}
+	go func() {
+		for driving() {
+			time.Sleep(100 * time.Millisecond)
+		}
+		_ = os.WriteFile(stopFile, nil, 0o644)
+	}()
 	// Watch for the stall alert while the lookups run.
 	alertOf := func() *promAlert {
 		for _, a := range prom.alerts(t) {
