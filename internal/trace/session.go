@@ -3,7 +3,6 @@ package trace
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -91,9 +90,9 @@ type Session struct {
 	readErr  error
 
 	// Writer-owned (Stop's once the writer is done).
-	out   *json.Encoder
+	jsonl []byte // --json: each incident's line is built here (non-nil then)
 	text  *TextWriter
-	buf   *bufio.Writer // under out or text; flushed at each tick
+	buf   *bufio.Writer // under jsonl or text; flushed at each tick
 	outq  chan outBatch
 	cpq   chan func() // checkpoints, written between two ticks' output
 	wdone chan struct{}
@@ -166,7 +165,7 @@ func Start(opts Options) (*Session, error) {
 	s.corr = correlate.New(cfg)
 	s.buf = bufio.NewWriterSize(opts.Out, outBufferSize)
 	if opts.JSON {
-		s.out = json.NewEncoder(s.buf)
+		s.jsonl = []byte{}
 	} else {
 		s.text = NewTextWriter(s.buf, opts.ShowResolved)
 	}
@@ -280,8 +279,9 @@ func (s *Session) writeIncident(inc *correlate.Incident) {
 	if s.opts.Pods != nil {
 		Attribute(s.opts.Pods, inc)
 	}
-	if s.out != nil {
-		_ = s.out.Encode(inc)
+	if s.jsonl != nil {
+		s.jsonl = append(inc.AppendJSON(s.jsonl[:0]), '\n')
+		_, _ = s.buf.Write(s.jsonl)
 	} else {
 		s.text.Incident(inc)
 	}

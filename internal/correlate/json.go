@@ -1,0 +1,274 @@
+package correlate
+
+import (
+	"math"
+	"net/netip"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// This file writes an Incident as JSON by hand, byte for byte what
+// encoding/json writes for it (TestAppendJSONMatchesEncodingJSON holds it
+// to that): a flood of drops closes tens of thousands of incidents a
+// second, and encoding/json's reflection cost the tracer a fifth of its CPU
+// in that flood.
+
+// AppendJSON appends inc as one JSON object (no newline), as
+// json.Marshal(inc) would, HTML characters escaped as there. A NaN or
+// infinite float, which json.Marshal refuses, is written as null.
+func (inc *Incident) AppendJSON(b []byte) []byte {
+	b = append(b, `{"type":`...)
+	b = appendString(b, inc.Type)
+	b = append(b, `,"id":`...)
+	b = strconv.AppendUint(b, inc.ID, 10)
+	b = append(b, `,"time":"`...)
+	b = inc.Time.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","cause":`...)
+	b = appendString(b, inc.Cause)
+	b = append(b, `,"race":`...)
+	if inc.Race == nil {
+		b = append(b, "null"...)
+	} else {
+		b = appendString(b, *inc.Race)
+	}
+	b = append(b, `,"qname":`...)
+	b = appendString(b, inc.QName)
+	b = append(b, `,"qtype":`...)
+	b = appendString(b, inc.QType.String())
+	b = append(b, `,"netns":`...)
+	b = strconv.AppendUint(b, uint64(inc.NetNS), 10)
+	if inc.PID != 0 {
+		b = append(b, `,"pid":`...)
+		b = strconv.AppendUint(b, uint64(inc.PID), 10)
+	}
+	if inc.Comm != "" {
+		b = append(b, `,"comm":`...)
+		b = appendString(b, inc.Comm)
+	}
+	if inc.Cgroup != 0 {
+		b = append(b, `,"cgroup":`...)
+		b = strconv.AppendUint(b, inc.Cgroup, 10)
+	}
+	b = append(b, `,"src":`...)
+	b = appendAddrPort(b, inc.Src)
+	b = append(b, `,"dst":`...)
+	b = appendAddrPort(b, inc.Dst)
+	b = append(b, `,"stall_ms":`...)
+	if inc.StallMs == nil {
+		b = append(b, "null"...)
+	} else {
+		b = appendFloat(b, *inc.StallMs)
+	}
+	b = append(b, `,"retried":`...)
+	b = strconv.AppendBool(b, inc.Retried)
+	b = append(b, `,"retry":`...)
+	if r := inc.Retry; r == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, `{"qtype":`...)
+		b = appendString(b, r.QType.String())
+		b = append(b, `,"id":`...)
+		b = strconv.AppendUint(b, uint64(r.ID), 10)
+		b = append(b, `,"src":`...)
+		b = appendAddrPort(b, r.Src)
+		b = append(b, `,"dst":`...)
+		b = appendAddrPort(b, r.Dst)
+		b = append(b, '}')
+	}
+	if inc.NodeNetNS != 0 {
+		b = append(b, `,"node_netns":`...)
+		b = strconv.AppendUint(b, uint64(inc.NodeNetNS), 10)
+	}
+	b = append(b, `,"lost":`...)
+	if inc.Lost == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i := range inc.Lost {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = inc.Lost[i].appendJSON(b)
+		}
+		b = append(b, ']')
+	}
+	b = append(b, `,"sibling":`...)
+	if s := inc.Sibling; s == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, `{"qtype":`...)
+		b = appendString(b, s.QType.String())
+		b = append(b, `,"id":`...)
+		b = strconv.AppendUint(b, uint64(s.ID), 10)
+		b = append(b, `,"gap_us":`...)
+		b = appendFloat(b, s.GapUs)
+		b = append(b, `,"cpus":[`...)
+		b = strconv.AppendInt(b, int64(s.CPUs[0]), 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, int64(s.CPUs[1]), 10)
+		b = append(b, `],"answered":`...)
+		b = strconv.AppendBool(b, s.Answered)
+		b = append(b, `,"lost":`...)
+		b = strconv.AppendBool(b, s.Lost)
+		b = append(b, '}')
+	}
+	b = append(b, `,"winner":`...)
+	if w := inc.Winner; w == nil {
+		b = append(b, "null"...)
+	} else {
+		b = w.appendJSON(b)
+	}
+	b = append(b, `,"tier":`...)
+	b = appendString(b, inc.Tier)
+	for _, f := range [...]struct{ key, v string }{{`,"pod":`, inc.Pod}, {`,"namespace":`, inc.Namespace}, {`,"container":`, inc.Container}} {
+		if f.v != "" {
+			b = append(b, f.key...)
+			b = appendString(b, f.v)
+		}
+	}
+	return append(b, '}')
+}
+
+func (p *Packet) appendJSON(b []byte) []byte {
+	b = append(b, `{"qtype":`...)
+	b = appendString(b, p.QType.String())
+	b = append(b, `,"id":`...)
+	b = strconv.AppendUint(b, uint64(p.ID), 10)
+	b = append(b, `,"cause":`...)
+	b = appendString(b, p.Cause)
+	for _, f := range [...]struct{ key, v string }{{`,"race":`, p.Race}, {`,"reason":`, p.Reason}, {`,"location":`, p.Location}} {
+		if f.v != "" {
+			b = append(b, f.key...)
+			b = appendString(b, f.v)
+		}
+	}
+	if p.NetNS != 0 {
+		b = append(b, `,"netns":`...)
+		b = strconv.AppendUint(b, uint64(p.NetNS), 10)
+	}
+	b = append(b, `,"cpu":`...)
+	b = strconv.AppendUint(b, uint64(p.CPU), 10)
+	return append(b, '}')
+}
+
+func (f *Flow) appendJSON(b []byte) []byte {
+	b = append(b, `{"src":`...)
+	b = appendAddrPort(b, f.Src)
+	b = append(b, `,"dst":`...)
+	b = appendAddrPort(b, f.Dst)
+	if f.ReplySrc != (netip.AddrPort{}) {
+		b = append(b, `,"reply_src":`...)
+		b = appendAddrPort(b, f.ReplySrc)
+	}
+	if f.ReplyDst != (netip.AddrPort{}) {
+		b = append(b, `,"reply_dst":`...)
+		b = appendAddrPort(b, f.ReplyDst)
+	}
+	if f.NetNS != 0 {
+		b = append(b, `,"netns":`...)
+		b = strconv.AppendUint(b, uint64(f.NetNS), 10)
+	}
+	if f.QName != "" {
+		b = append(b, `,"qname":`...)
+		b = appendString(b, f.QName)
+	}
+	if f.QType != 0 {
+		b = append(b, `,"qtype":`...)
+		b = appendString(b, f.QType.String())
+	}
+	if f.Comm != "" {
+		b = append(b, `,"comm":`...)
+		b = appendString(b, f.Comm)
+	}
+	if f.PID != 0 {
+		b = append(b, `,"pid":`...)
+		b = strconv.AppendUint(b, uint64(f.PID), 10)
+	}
+	return append(b, '}')
+}
+
+// appendAddrPort writes p as its MarshalText does ("" when zero), quoted:
+// an IPv6 zone is arbitrary text, so it goes through appendString.
+func appendAddrPort(b []byte, p netip.AddrPort) []byte {
+	var buf [64]byte
+	t, _ := p.AppendText(buf[:0])
+	return appendString(b, string(t))
+}
+
+// appendFloat writes f as encoding/json does: the shortest decimal that
+// reads back as f, in exponent form only below 1e-6 or from 1e21 on.
+func appendFloat(b []byte, f float64) []byte {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return append(b, "null"...)
+	}
+	format := byte('f')
+	if a := math.Abs(f); a != 0 && (a < 1e-6 || a >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' {
+		// 1e-07 -> 1e-7, as encoding/json trims it
+		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendString writes s as a JSON string the way encoding/json does with
+// HTML escaping on (its default): quotes, backslashes and control
+// characters escaped, <, > and & as \u003c and so on, invalid UTF-8 as
+// \ufffd, and U+2028 and U+2029 escaped (JavaScript line terminators).
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	done := 0 // s[:done] is written
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[done:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			done = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[done:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[done:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		done = i
+	}
+	b = append(b, s[done:]...)
+	return append(b, '"')
+}
