@@ -139,6 +139,9 @@ type Correlator struct {
 	attrib  map[uint32]*Attributed
 	// strs interns question names by hash.
 	strs *[internSlots]interned
+	// locs caches drop locations by address: a flood of drops comes from a
+	// handful of places, and naming one (Config.Location) formats a string.
+	locs [locSlots]location
 
 	nextID   uint64
 	lastNs   uint64
@@ -230,6 +233,22 @@ func (c *Correlator) intern(h uint64, name []byte) string {
 		return e.s
 	}
 	*e = interned{h, string(name)}
+	return e.s
+}
+
+const locSlots = 64
+
+type location struct {
+	addr uint64
+	s    string
+}
+
+// location names a drop location, from the cache when it can.
+func (c *Correlator) location(addr uint64) string {
+	e := &c.locs[(addr^addr>>6)&(locSlots-1)]
+	if e.addr != addr || addr == 0 {
+		*e = location{addr, c.cfg.Location(addr)}
+	}
 	return e.s
 }
 
@@ -330,7 +349,7 @@ func (c *Correlator) answerDropped(e *event.Event) {
 	if q == nil || q.dead {
 		return
 	}
-	reason, loc := c.cfg.ReasonName(e.Reason), c.cfg.Location(e.Location)
+	reason, loc := c.cfg.ReasonName(e.Reason), c.location(e.Location)
 	x := q.extra()
 	x.replyCause, x.replyReason, x.replyLoc, x.replyNS = answerDropCause(reason, symbolOf(loc)), reason, loc, e.NetNS
 }
@@ -454,7 +473,7 @@ func (c *Correlator) classify(d *pendingDrop) {
 		dw = *d.winner
 	}
 	winner, wqid := pickWinner(d.ct, dw, x.winnerCT, d.wqid, x.winnerQID)
-	reason, loc := c.cfg.ReasonName(d.reason), c.cfg.Location(d.location)
+	reason, loc := c.cfg.ReasonName(d.reason), c.location(d.location)
 	ev := dropEvidence{reason: reason, location: symbolOf(loc), ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(),
 		confirmDrop: x.confirmDrop, winner: winner.Ptr != 0}
 	if ev.netfilter() {
