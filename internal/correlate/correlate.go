@@ -127,6 +127,7 @@ type Correlator struct {
 	// copying the rest (a flood of drops holds tens of thousands).
 	drops     fifo[pendingDrop]
 	direct    []bool         // classifyDue's scratch
+	evidence  dropEvidence   // classify's scratch
 	compactAt uint64         // when Tick next gives the drops' memory back
 	opens     map[*open]bool // stalls in progress
 	// openLog is opens by opening, oldest first, for the cap; closed
@@ -141,7 +142,11 @@ type Correlator struct {
 	strs *[internSlots]interned
 	// locs caches drop locations by address: a flood of drops comes from a
 	// handful of places, and naming one (Config.Location) formats a string.
-	locs [locSlots]location
+	locs  [locSlots]location
+	comms [commSlots]struct {
+		b [16]byte
+		s string
+	}
 
 	nextID   uint64
 	lastNs   uint64
@@ -474,12 +479,15 @@ func (c *Correlator) classify(d *pendingDrop) {
 	}
 	winner, wqid := pickWinner(d.ct, dw, x.winnerCT, d.wqid, x.winnerQID)
 	reason, loc := c.cfg.ReasonName(d.reason), c.location(d.location)
-	ev := dropEvidence{reason: reason, location: symbolOf(loc), ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(),
+	// The rules are function values, so evidence passed to them escapes:
+	// it lives in the Correlator, not in a new object per drop.
+	ev := &c.evidence
+	*ev = dropEvidence{reason: reason, location: symbolOf(loc), ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(),
 		confirmDrop: x.confirmDrop, winner: winner.Ptr != 0}
 	if ev.netfilter() {
 		ev.insertBudget, ev.dropBudget = c.budget(d.netns)
 	}
-	rule := classifyDrop(&ev)
+	rule := classifyDrop(ev)
 	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs, Cause: rule.cause,
 		Reason: reason, Location: loc, NetNS: d.netns}
 	a := c.attributed(d.netns)
@@ -512,10 +520,22 @@ func (c *Correlator) flowOf(ct event.CT, qid uint64) *Flow {
 	}
 	if q != nil {
 		f.NetNS, f.QName, f.QType, f.PID = q.netns, q.qname, QType(q.qtype), q.pid
-		f.Comm = commString(q.comm)
+		f.Comm = c.comm(q.comm)
 	}
 	return f
 }
+
+// comm returns a process name as a string, shared with the last incidents
+// of the same process: a flood's incidents mostly come from a few.
+func (c *Correlator) comm(b [16]byte) string {
+	e := &c.comms[(uint(b[0])+uint(b[1])*7+uint(b[2])*31+uint(b[3])*131)&(commSlots-1)]
+	if e.b != b || e.s == "" {
+		e.b, e.s = b, commString(b)
+	}
+	return e.s
+}
+
+const commSlots = 16
 
 func commString(b [16]byte) string {
 	for i, ch := range b {

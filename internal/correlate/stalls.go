@@ -8,13 +8,20 @@ import "github.com/dnsrace/dnsrace/internal/event"
 // share one stall, which the retry ends. Races the kernel rescued are
 // incidents too, with no stall.
 
-// open is a stall in progress: lost queries of one lookup attempt.
+// open is a stall in progress: lost queries of one lookup attempt. Its
+// incident, and room for the usual one lost query, are part of it: a
+// flood of drops opens tens of thousands of stalls a second, and one
+// allocation each is a quarter of four.
 type open struct {
-	inc     *Incident
+	inc     *Incident // &incident
 	key     nameKey
 	firstNs uint64
 	queries []*query
 	retry   *query // the query that ended the stall
+
+	incident Incident
+	query1   [1]*query
+	lost1    [1]Packet
 }
 
 // retry is called for every new query: an older unanswered query for the
@@ -70,7 +77,10 @@ func (c *Correlator) markLost(q *query, p Packet) {
 	}
 	if o == nil {
 		c.capStalls(q.sentNs)
-		o = &open{key: q.nk, firstNs: q.sentNs, inc: c.newIncident(q, p.Cause, p.Race)}
+		o = &open{key: q.nk, firstNs: q.sentNs}
+		o.inc, o.queries = &o.incident, o.query1[:0]
+		c.fillIncident(o.inc, q, p.Cause, p.Race)
+		o.inc.Lost = o.lost1[:0]
 		s.open = o
 		c.opens[o] = true
 		c.openLog.push(o)
@@ -92,17 +102,24 @@ func (c *Correlator) capStalls(now uint64) {
 }
 
 func (c *Correlator) newIncident(q *query, cause, race string) *Incident {
+	inc := &Incident{}
+	c.fillIncident(inc, q, cause, race)
+	return inc
+}
+
+// fillIncident starts inc, a zero Incident, as q's.
+func (c *Correlator) fillIncident(inc *Incident, q *query, cause, race string) {
 	c.nextID++
-	inc := &Incident{
+	*inc = Incident{
 		Type: "incident", ID: c.nextID, Time: c.cfg.Wall(q.sentNs), Cause: cause,
 		QName: q.qname, QType: QType(q.qtype), NetNS: q.netns, PID: q.pid,
-		Comm: commString(q.comm), Cgroup: q.cgroup, Src: q.src, Dst: q.dst,
+		Comm: c.comm(q.comm), Cgroup: q.cgroup, Src: q.src, Dst: q.dst,
 		NodeNetNS: q.nodeNS, Tier: tierOf(q), Lost: []Packet{},
 	}
 	if race != "" {
-		inc.Race = &race
+		r := race // only a race's incident pays for the pointer
+		inc.Race = &r
 	}
-	return inc
 }
 
 func tierOf(q *query) string {
@@ -147,7 +164,8 @@ func (c *Correlator) closeOpen(o *open, endNs uint64, retried bool) {
 		inc.StallMs = &ms
 	}
 	first := o.queries[0]
-	if r := first.ext().race; inc.Race == nil && r != "" {
+	if inc.Race == nil && first.ext().race != "" {
+		r := first.ext().race
 		inc.Race = &r
 	}
 	for _, q := range o.queries {
