@@ -404,24 +404,23 @@ const compactEvery = 10 * time.Second
 // Drops with direct evidence of a race go first: the counters' budget then
 // goes to the drops that certainly raced before the others are weighed.
 func (c *Correlator) classifyDue(now uint64, force bool) {
-	live := c.drops.live()
 	k := 0
-	for k < len(live) && (force || live[k].due <= now) {
+	for k < c.drops.len() && (force || c.drops.at(k).due <= now) {
 		k++
 	}
 	if k == 0 {
 		return
 	}
-	due := live[:k]
+	// Classifying pushes no drop: the k entries stay where they are.
 	c.direct = c.direct[:0]
-	for i := range due {
-		c.direct = append(c.direct, c.isDirect(&due[i]))
+	for i := range k {
+		c.direct = append(c.direct, c.isDirect(c.drops.at(i)))
 	}
 	clear(c.kernelNow)
 	for _, first := range []bool{true, false} {
-		for i := range due {
+		for i := range k {
 			if c.direct[i] == first {
-				c.classify(&due[i])
+				c.classify(c.drops.at(i))
 			}
 		}
 	}
@@ -601,8 +600,8 @@ func (c *Correlator) evictOldest() {
 // ns): otherwise the trace ended, not the wait. Call it once, at the end.
 func (c *Correlator) Close(now uint64) {
 	c.classifyDue(0, true)
-	for _, q := range c.ix.order.live() {
-		if q.state == statePending && !q.dead && (q.ext().replyCause != "" || now >= q.sentNs+uint64(c.cfg.ResolverTimeout)) {
+	for i := range c.ix.order.len() {
+		if q := *c.ix.order.at(i); q.state == statePending && !q.dead && (q.ext().replyCause != "" || now >= q.sentNs+uint64(c.cfg.ResolverTimeout)) {
 			c.markLost(q, c.unansweredLoss(q))
 		}
 	}

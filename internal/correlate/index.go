@@ -295,9 +295,8 @@ func (ix *index) lookup(qid uint64) *query {
 // first: it serves only answers no flow expected (rare), so no index is
 // kept for it on the hot path.
 func (ix *index) byQuestion(id, qtype uint16, name uint64, t, window uint64) *query {
-	live := ix.order.live()
-	for i := len(live) - 1; i >= 0; i-- {
-		q := live[i]
+	for i := ix.order.len() - 1; i >= 0; i-- {
+		q := *ix.order.at(i)
 		if q.sentNs+window < t {
 			break
 		}
