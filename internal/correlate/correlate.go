@@ -336,6 +336,7 @@ func (c *Correlator) newQuery(e *event.Event) {
 	}
 	c.queries++
 	if q.state == statePending {
+		c.ix.promote(q.sentNs, uint64(c.cfg.MinRetryGap))
 		c.retry(q)
 	}
 	c.ix.add(q)

@@ -549,3 +549,37 @@ func TestDropSite(t *testing.T) {
 		t.Error("a packet without reason or location counts as dropped")
 	}
 }
+
+// A query joins its name's list of unanswered ones only once it is
+// MinRetryGap old (index.promote): a retry exactly MinRetryGap after it
+// still finds it, a query answered before that never makes a name state,
+// and a young query evicted meanwhile (its struct recycled for the next
+// query) is not taken for lost.
+func TestYoungQueriesJoinTheirNameLate(t *testing.T) {
+	h := newHarness(t, nil)
+	gap := uint64(h.c.cfg.MinRetryGap)
+	lost := h.query(0, podA, srcA, 1, dns.TypeA)
+	answered := h.query(10, podB, srcB, 2, dns.TypeA)
+	h.answer(20, answered)
+	if n := h.c.ix.names.len(); n != 0 {
+		t.Errorf("%d name states before any query is MinRetryGap old, want 0", n)
+	}
+	h.query(gap-1, podA, srcA, 3, dns.TypeA) // too early to be a retry
+	if st := h.c.Stats(); st.Lost != 0 {
+		t.Fatalf("a query %d ns after another was taken for its retry: %+v", gap-1, st)
+	}
+	h.query(gap, podA, srcA, 4, dns.TypeA) // exactly the gap after the first: its retry
+	if q := h.c.ix.lookup(lost); q == nil || q.state != stateLost || h.c.Stats().Lost != 1 {
+		t.Fatalf("the retry at exactly MinRetryGap did not make the first query lost: %+v %+v", q, h.c.Stats())
+	}
+
+	h2 := newHarness(t, nil)
+	h2.c.cfg.MaxQueries = 1
+	h2.query(0, podA, srcA, 1, dns.TypeA)
+	h2.query(1, podB, srcB, 2, dns.TypeA)     // evicts the first
+	h2.query(3*gap, podA, srcA, 3, dns.TypeA) // would be its retry
+	h2.c.Close(3 * gap)
+	if st := h2.c.Stats(); st.Evicted != 2 || st.Lost != 0 || len(h2.incidents) != 0 {
+		t.Fatalf("an evicted query was taken for lost: %+v %+v", st, h2.incidents)
+	}
+}

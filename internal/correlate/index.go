@@ -193,6 +193,12 @@ type index struct {
 	socks table[sockRecent] // by sockKey
 	names table[*nameState] // by nameKey
 	order fifo[*query]      // by first sighting, for expiry
+	// young: pending queries not yet in their name's list. A query is
+	// only ever found there as an older query a retry makes lost, sent at
+	// least MinRetryGap before it; most are answered long before that, so
+	// they join the list only once that old (promote), and an answered
+	// query costs no name state at all.
+	young fifo[youngRef]
 	// recycled structs: following a query allocates nothing
 	free      []*query
 	freeNames []*nameState
@@ -230,7 +236,31 @@ func (ix *index) add(q *query) {
 	ix.order.push(q)
 	if q.state == statePending {
 		ix.pending++
-		ix.nameStateOf(q.nk).pend.push(q)
+		ix.young.push(youngRef{q, q.qid})
+	}
+}
+
+// youngRef is a young query, by pointer and id: the struct may be recycled
+// for another query while the ref waits.
+type youngRef struct {
+	q   *query
+	qid uint64
+}
+
+// promote links the young queries sent at least gap before now into their
+// names' lists of unanswered queries, oldest first.
+func (ix *index) promote(now, gap uint64) {
+	for ix.young.len() > 0 {
+		r := ix.young.front()
+		if q := r.q; q.qid == r.qid && !q.dead {
+			if q.sentNs+gap > now {
+				return
+			}
+			if q.state == statePending && !q.inPend {
+				ix.nameStateOf(q.nk).pend.push(q)
+			}
+		}
+		ix.young.pop()
 	}
 }
 
@@ -361,6 +391,7 @@ func (ix *index) forget(q *query) {
 // compact gives memory back after a burst.
 func (ix *index) compact() {
 	ix.order.compact()
+	ix.young.compact()
 	ix.byQID.shrink()
 	ix.socks.shrink()
 	ix.names.shrink()
