@@ -86,22 +86,45 @@ func BenchmarkInFlight(b *testing.B) {
 // answered. 200,000 queries/s, the 100 ms tick, incidents handed to a
 // no-op OnIncident. One b.N is one query.
 func BenchmarkDropFlood(b *testing.B) {
-	names := make([]string, 1<<20) // distinct for 5 s of flood: none is taken for a retry
+	var incidents int
+	c := correlate.New(correlate.Config{OnIncident: func(*correlate.Incident) { incidents++ }})
+	sock := func(n uint64) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(1024+n%60000))
+	}
+	testutil.BenchStream(b, 2*correlate.DefaultMaxQueries, floodStream(c, sock, 6, 2, 0))
+	// A stall is written when the cap makes room (longer runs) or at
+	// QueryTTL; its lost query is counted at once.
+	st := c.Stats()
+	if st.Lost == 0 {
+		b.Fatalf("no drop became a lost query: the stream is wrong: %+v", st)
+	}
+	b.ReportMetric(float64(incidents)/float64(st.Queries), "incidents/query")
+}
+
+// floodStream is the stream of a flood benchmark: query n, from socket
+// sock(n) to 127.0.0.1:53, asks a name of its own (distinct for 5 s of
+// flood: none is taken for a retry); every dropEvery-th query is dropped
+// (with reason and location), the others answered; and the reader's
+// 100 ms tick.
+func floodStream(c *correlate.Correlator, sock func(uint64) netip.AddrPort, dropEvery uint64, reason uint32,
+	location uint64) func(uint64) {
+	names := make([]string, 1<<20)
 	for i := range names {
 		names[i] = fmt.Sprintf("q%08x.perf.test", i)
 	}
-	var incidents int
-	c := correlate.New(correlate.Config{OnIncident: func(*correlate.Incident) { incidents++ }})
+	server := netip.MustParseAddrPort("127.0.0.1:53")
 	var q, r event.Event
-	run := func(n uint64) {
+	return func(n uint64) {
 		t := 1e12 + n*benchGap
-		q = event.Event{Kind: event.KindQuery, QID: n + 1, TimeNs: t, NetNS: benchPod,
-			Packet: event.Tuple{Src: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(1024+n%60000)), Dst: netip.MustParseAddrPort("127.0.0.1:53"), Proto: 17}}
+		q = event.Event{Kind: event.KindQuery, QID: n + 1, TimeNs: t, NetNS: benchPod, PID: 4242, Cgroup: 1,
+			Packet: event.Tuple{Src: sock(n), Dst: server, Proto: 17}}
+		copy(q.Comm[:], "dnsperf")
 		q.DNS.Valid, q.DNS.ID, q.DNS.QType = true, uint16(n), 1
 		q.DNS.SetQName(names[n%uint64(len(names))])
 		c.Handle(&q)
-		if n%6 == 0 {
-			r = event.Event{Kind: event.KindDrop, QID: n + 1, TimeNs: t + 2000, NetNS: benchPod, Reason: 2, Packet: q.Packet}
+		if n%dropEvery == 0 {
+			r = event.Event{Kind: event.KindDrop, QID: n + 1, TimeNs: t + 2000, NetNS: benchPod, Reason: reason,
+				Location: location, Packet: q.Packet}
 		} else {
 			r = event.Event{Kind: event.KindAnswer, QID: n + 1, TimeNs: t + 40000, Flags: event.FlagResponse}
 		}
@@ -110,14 +133,6 @@ func BenchmarkDropFlood(b *testing.B) {
 			c.Tick(t)
 		}
 	}
-	testutil.BenchStream(b, 2*correlate.DefaultMaxQueries, run)
-	// A stall is written when the cap makes room (longer runs) or at
-	// QueryTTL; its lost query is counted at once.
-	st := c.Stats()
-	if st.Lost == 0 {
-		b.Fatalf("no drop became a lost query: the stream is wrong: %+v", st)
-	}
-	b.ReportMetric(float64(incidents)/float64(st.Queries), "incidents/query")
 }
 
 // BenchmarkRcvbufFlood is the correlator's share of bench's dns-loopback
@@ -128,10 +143,6 @@ func BenchmarkDropFlood(b *testing.B) {
 // as the session names them, through fmt), every incident made a
 // JSON line the way the session's writer makes it. One b.N is one query.
 func BenchmarkRcvbufFlood(b *testing.B) {
-	names := make([]string, 1<<20)
-	for i := range names {
-		names[i] = fmt.Sprintf("q%08x.perf.test", i)
-	}
 	var line []byte
 	var incidents int
 	c := correlate.New(correlate.Config{
@@ -143,27 +154,7 @@ func BenchmarkRcvbufFlood(b *testing.B) {
 		},
 	})
 	client := netip.MustParseAddrPort("127.0.0.1:38658")
-	server := netip.MustParseAddrPort("127.0.0.1:53")
-	var q, r event.Event
-	run := func(n uint64) {
-		t := 1e12 + n*benchGap
-		q = event.Event{Kind: event.KindQuery, QID: n + 1, TimeNs: t, NetNS: benchPod, PID: 4242, Cgroup: 1,
-			Packet: event.Tuple{Src: client, Dst: server, Proto: 17}}
-		copy(q.Comm[:], "dnsrace")
-		q.DNS.Valid, q.DNS.ID, q.DNS.QType = true, uint16(n), 1
-		q.DNS.SetQName(names[n%uint64(len(names))])
-		c.Handle(&q)
-		if n%3 == 0 {
-			r = event.Event{Kind: event.KindDrop, QID: n + 1, TimeNs: t + 2000, NetNS: benchPod, Reason: 6,
-				Location: 0xffffffff81a3c437, Packet: q.Packet}
-		} else {
-			r = event.Event{Kind: event.KindAnswer, QID: n + 1, TimeNs: t + 40000, Flags: event.FlagResponse}
-		}
-		c.Handle(&r)
-		if n%20000 == 0 {
-			c.Tick(t)
-		}
-	}
+	run := floodStream(c, func(uint64) netip.AddrPort { return client }, 3, 6, 0xffffffff81a3c437)
 	testutil.BenchStream(b, 2*correlate.DefaultMaxQueries, run)
 	if st := c.Stats(); st.Lost == 0 || incidents == 0 {
 		b.Fatalf("no drop became an incident: the stream is wrong: %+v, %d incidents", st, incidents)

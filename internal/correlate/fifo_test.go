@@ -47,8 +47,8 @@ func TestFifoMatchesSlice(t *testing.T) {
 		if l.len() != len(want) {
 			t.Fatalf("step %d: len %d, want %d", step, l.len(), len(want))
 		}
-		if len(want) > 0 && (l.front() != want[0] || *l.at(len(want)-1) != want[len(want)-1]) {
-			t.Fatalf("step %d: front %d back %d, want %d %d", step, l.front(), *l.at(len(want)-1), want[0], want[len(want)-1])
+		if len(want) > 0 && (l.front() != want[0] || *l.at(len(want) - 1) != want[len(want)-1]) {
+			t.Fatalf("step %d: front %d back %d, want %d %d", step, l.front(), *l.at(len(want) - 1), want[0], want[len(want)-1])
 		}
 	}
 	for i, v := range want {

@@ -18,42 +18,25 @@ import (
 // json.Marshal(inc) would, HTML characters escaped as there. A NaN or
 // infinite float, which json.Marshal refuses, is written as null.
 func (inc *Incident) AppendJSON(b []byte) []byte {
-	b = append(b, `{"type":`...)
-	b = appendString(b, inc.Type)
-	b = append(b, `,"id":`...)
-	b = strconv.AppendUint(b, inc.ID, 10)
+	b = appendStr(b, `{"type":`, inc.Type)
+	b = appendNum(b, `,"id":`, inc.ID)
 	b = append(b, `,"time":"`...)
 	b = inc.Time.AppendFormat(b, time.RFC3339Nano)
-	b = append(b, `","cause":`...)
-	b = appendString(b, inc.Cause)
+	b = appendStr(b, `","cause":`, inc.Cause)
 	b = append(b, `,"race":`...)
 	if inc.Race == nil {
 		b = append(b, "null"...)
 	} else {
 		b = appendString(b, *inc.Race)
 	}
-	b = append(b, `,"qname":`...)
-	b = appendString(b, inc.QName)
-	b = append(b, `,"qtype":`...)
-	b = appendString(b, inc.QType.String())
-	b = append(b, `,"netns":`...)
-	b = strconv.AppendUint(b, uint64(inc.NetNS), 10)
-	if inc.PID != 0 {
-		b = append(b, `,"pid":`...)
-		b = strconv.AppendUint(b, uint64(inc.PID), 10)
-	}
-	if inc.Comm != "" {
-		b = append(b, `,"comm":`...)
-		b = appendString(b, inc.Comm)
-	}
-	if inc.Cgroup != 0 {
-		b = append(b, `,"cgroup":`...)
-		b = strconv.AppendUint(b, inc.Cgroup, 10)
-	}
-	b = append(b, `,"src":`...)
-	b = appendAddrPort(b, inc.Src)
-	b = append(b, `,"dst":`...)
-	b = appendAddrPort(b, inc.Dst)
+	b = appendStr(b, `,"qname":`, inc.QName)
+	b = appendStr(b, `,"qtype":`, inc.QType.String())
+	b = appendNum(b, `,"netns":`, uint64(inc.NetNS))
+	b = appendNonZero(b, `,"pid":`, uint64(inc.PID))
+	b = appendNonEmpty(b, `,"comm":`, inc.Comm)
+	b = appendNonZero(b, `,"cgroup":`, inc.Cgroup)
+	b = appendAddr(b, `,"src":`, inc.Src)
+	b = appendAddr(b, `,"dst":`, inc.Dst)
 	b = append(b, `,"stall_ms":`...)
 	if inc.StallMs == nil {
 		b = append(b, "null"...)
@@ -66,20 +49,13 @@ func (inc *Incident) AppendJSON(b []byte) []byte {
 	if r := inc.Retry; r == nil {
 		b = append(b, "null"...)
 	} else {
-		b = append(b, `{"qtype":`...)
-		b = appendString(b, r.QType.String())
-		b = append(b, `,"id":`...)
-		b = strconv.AppendUint(b, uint64(r.ID), 10)
-		b = append(b, `,"src":`...)
-		b = appendAddrPort(b, r.Src)
-		b = append(b, `,"dst":`...)
-		b = appendAddrPort(b, r.Dst)
+		b = appendStr(b, `{"qtype":`, r.QType.String())
+		b = appendNum(b, `,"id":`, uint64(r.ID))
+		b = appendAddr(b, `,"src":`, r.Src)
+		b = appendAddr(b, `,"dst":`, r.Dst)
 		b = append(b, '}')
 	}
-	if inc.NodeNetNS != 0 {
-		b = append(b, `,"node_netns":`...)
-		b = strconv.AppendUint(b, uint64(inc.NodeNetNS), 10)
-	}
+	b = appendNonZero(b, `,"node_netns":`, uint64(inc.NodeNetNS))
 	b = append(b, `,"lost":`...)
 	if inc.Lost == nil {
 		b = append(b, "null"...)
@@ -97,10 +73,8 @@ func (inc *Incident) AppendJSON(b []byte) []byte {
 	if s := inc.Sibling; s == nil {
 		b = append(b, "null"...)
 	} else {
-		b = append(b, `{"qtype":`...)
-		b = appendString(b, s.QType.String())
-		b = append(b, `,"id":`...)
-		b = strconv.AppendUint(b, uint64(s.ID), 10)
+		b = appendStr(b, `{"qtype":`, s.QType.String())
+		b = appendNum(b, `,"id":`, uint64(s.ID))
 		b = append(b, `,"gap_us":`...)
 		b = appendFloat(b, s.GapUs)
 		b = append(b, `,"cpus":[`...)
@@ -119,73 +93,72 @@ func (inc *Incident) AppendJSON(b []byte) []byte {
 	} else {
 		b = w.appendJSON(b)
 	}
-	b = append(b, `,"tier":`...)
-	b = appendString(b, inc.Tier)
-	for _, f := range [...]struct{ key, v string }{{`,"pod":`, inc.Pod}, {`,"namespace":`, inc.Namespace}, {`,"container":`, inc.Container}} {
-		if f.v != "" {
-			b = append(b, f.key...)
-			b = appendString(b, f.v)
-		}
-	}
+	b = appendStr(b, `,"tier":`, inc.Tier)
+	b = appendNonEmpty(b, `,"pod":`, inc.Pod)
+	b = appendNonEmpty(b, `,"namespace":`, inc.Namespace)
+	b = appendNonEmpty(b, `,"container":`, inc.Container)
 	return append(b, '}')
 }
 
 func (p *Packet) appendJSON(b []byte) []byte {
-	b = append(b, `{"qtype":`...)
-	b = appendString(b, p.QType.String())
-	b = append(b, `,"id":`...)
-	b = strconv.AppendUint(b, uint64(p.ID), 10)
-	b = append(b, `,"cause":`...)
-	b = appendString(b, p.Cause)
-	for _, f := range [...]struct{ key, v string }{{`,"race":`, p.Race}, {`,"reason":`, p.Reason}, {`,"location":`, p.Location}} {
-		if f.v != "" {
-			b = append(b, f.key...)
-			b = appendString(b, f.v)
-		}
-	}
-	if p.NetNS != 0 {
-		b = append(b, `,"netns":`...)
-		b = strconv.AppendUint(b, uint64(p.NetNS), 10)
-	}
-	b = append(b, `,"cpu":`...)
-	b = strconv.AppendUint(b, uint64(p.CPU), 10)
+	b = appendStr(b, `{"qtype":`, p.QType.String())
+	b = appendNum(b, `,"id":`, uint64(p.ID))
+	b = appendStr(b, `,"cause":`, p.Cause)
+	b = appendNonEmpty(b, `,"race":`, p.Race)
+	b = appendNonEmpty(b, `,"reason":`, p.Reason)
+	b = appendNonEmpty(b, `,"location":`, p.Location)
+	b = appendNonZero(b, `,"netns":`, uint64(p.NetNS))
+	b = appendNum(b, `,"cpu":`, uint64(p.CPU))
 	return append(b, '}')
 }
 
 func (f *Flow) appendJSON(b []byte) []byte {
-	b = append(b, `{"src":`...)
-	b = appendAddrPort(b, f.Src)
-	b = append(b, `,"dst":`...)
-	b = appendAddrPort(b, f.Dst)
-	if f.ReplySrc != (netip.AddrPort{}) {
-		b = append(b, `,"reply_src":`...)
-		b = appendAddrPort(b, f.ReplySrc)
+	b = appendAddr(b, `{"src":`, f.Src)
+	b = appendAddr(b, `,"dst":`, f.Dst)
+	if f.ReplySrc != (netip.AddrPort{}) { // omitzero
+		b = appendAddr(b, `,"reply_src":`, f.ReplySrc)
 	}
 	if f.ReplyDst != (netip.AddrPort{}) {
-		b = append(b, `,"reply_dst":`...)
-		b = appendAddrPort(b, f.ReplyDst)
+		b = appendAddr(b, `,"reply_dst":`, f.ReplyDst)
 	}
-	if f.NetNS != 0 {
-		b = append(b, `,"netns":`...)
-		b = strconv.AppendUint(b, uint64(f.NetNS), 10)
-	}
-	if f.QName != "" {
-		b = append(b, `,"qname":`...)
-		b = appendString(b, f.QName)
-	}
+	b = appendNonZero(b, `,"netns":`, uint64(f.NetNS))
+	b = appendNonEmpty(b, `,"qname":`, f.QName)
 	if f.QType != 0 {
-		b = append(b, `,"qtype":`...)
-		b = appendString(b, f.QType.String())
+		b = appendStr(b, `,"qtype":`, f.QType.String())
 	}
-	if f.Comm != "" {
-		b = append(b, `,"comm":`...)
-		b = appendString(b, f.Comm)
-	}
-	if f.PID != 0 {
-		b = append(b, `,"pid":`...)
-		b = strconv.AppendUint(b, uint64(f.PID), 10)
-	}
+	b = appendNonEmpty(b, `,"comm":`, f.Comm)
+	b = appendNonZero(b, `,"pid":`, uint64(f.PID))
 	return append(b, '}')
+}
+
+// The field writers: key is the JSON text before the value (`,"id":`).
+
+func appendNum(b []byte, key string, v uint64) []byte {
+	return strconv.AppendUint(append(b, key...), v, 10)
+}
+
+// appendNonZero writes a number field tagged omitempty.
+func appendNonZero(b []byte, key string, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	return appendNum(b, key, v)
+}
+
+func appendStr(b []byte, key, s string) []byte {
+	return appendString(append(b, key...), s)
+}
+
+// appendNonEmpty writes a string field tagged omitempty.
+func appendNonEmpty(b []byte, key, s string) []byte {
+	if s == "" {
+		return b
+	}
+	return appendStr(b, key, s)
+}
+
+func appendAddr(b []byte, key string, p netip.AddrPort) []byte {
+	return appendAddrPort(append(b, key...), p)
 }
 
 // appendAddrPort writes p as its MarshalText does ("" when zero), quoted:
