@@ -34,7 +34,8 @@ and without the tracer in alternating rounds:
                 highest rate with zero lost records, the tracer's CPU and RSS
 
 The tracer is this binary's 'trace --json' subcommand, run as a child
-process (--attach, default tracepoint); its summary says how many records
+process (--attach, default tracepoint) that writes to a file in a
+temporary directory, read after each round; its summary says how many records
 it read, their bytes, how many were lost, and the hook calls the kernel
 skipped its programs for (recursion misses, shown when there are any). A
 case whose traced rounds lost records, or (DNS floods) did not follow more

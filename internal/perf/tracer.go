@@ -41,6 +41,9 @@ func (s *TraceSummary) Skipped() uint64 {
 	return n
 }
 
+// outputName is the tracer's output file in its directory.
+const outputName = "out.jsonl"
+
 // tracerProc is a `dnsrace trace --json` child process.
 type tracerProc struct {
 	cmd    *exec.Cmd
@@ -60,7 +63,11 @@ func startTracer(exe string, limit time.Duration, extra []string) (*tracerProc, 
 		return nil, err
 	}
 	ready := filepath.Join(dir, "ready")
-	args := append([]string{"trace", "--json", "--ready-file", ready, "--duration", limit.String()}, extra...)
+	// The tracer writes to a file, not to a pipe this process must drain:
+	// a flood closes tens of thousands of incidents a second, and a pipe
+	// read by a process busy flooding would make the tracer wait on it.
+	args := append([]string{"trace", "--json", "--ready-file", ready, "--output-file", filepath.Join(dir, outputName),
+		"--duration", limit.String()}, extra...)
 	t := &tracerProc{cmd: exec.Command(exe, args...), dir: dir, exited: make(chan error, 1)}
 	t.cmd.Stdout, t.cmd.Stderr = &t.out, &t.errb
 	if err := t.cmd.Start(); err != nil {
@@ -117,7 +124,12 @@ func (t *tracerProc) stop() (*TraceSummary, int, error) {
 	}
 	var sum *TraceSummary
 	incidents := 0
-	sc := bufio.NewScanner(&t.out)
+	f, err := os.Open(filepath.Join(t.dir, outputName))
+	if err != nil {
+		return nil, 0, fmt.Errorf("tracer output: %w (%s)", err, bytes.TrimSpace(t.errb.Bytes()))
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
 	for sc.Scan() {
 		var head struct {
