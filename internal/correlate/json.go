@@ -46,14 +46,10 @@ func (inc *Incident) AppendJSON(b []byte) []byte {
 	b = append(b, `,"retried":`...)
 	b = strconv.AppendBool(b, inc.Retried)
 	b = append(b, `,"retry":`...)
-	if r := inc.Retry; r == nil {
+	if inc.Retry == nil {
 		b = append(b, "null"...)
 	} else {
-		b = appendStr(b, `{"qtype":`, r.QType.String())
-		b = appendNum(b, `,"id":`, uint64(r.ID))
-		b = appendAddr(b, `,"src":`, r.Src)
-		b = appendAddr(b, `,"dst":`, r.Dst)
-		b = append(b, '}')
+		b = inc.Retry.appendJSON(b)
 	}
 	b = appendNonZero(b, `,"node_netns":`, uint64(inc.NodeNetNS))
 	b = append(b, `,"lost":`...)
@@ -70,33 +66,45 @@ func (inc *Incident) AppendJSON(b []byte) []byte {
 		b = append(b, ']')
 	}
 	b = append(b, `,"sibling":`...)
-	if s := inc.Sibling; s == nil {
+	if inc.Sibling == nil {
 		b = append(b, "null"...)
 	} else {
-		b = appendStr(b, `{"qtype":`, s.QType.String())
-		b = appendNum(b, `,"id":`, uint64(s.ID))
-		b = append(b, `,"gap_us":`...)
-		b = appendFloat(b, s.GapUs)
-		b = append(b, `,"cpus":[`...)
-		b = strconv.AppendInt(b, int64(s.CPUs[0]), 10)
-		b = append(b, ',')
-		b = strconv.AppendInt(b, int64(s.CPUs[1]), 10)
-		b = append(b, `],"answered":`...)
-		b = strconv.AppendBool(b, s.Answered)
-		b = append(b, `,"lost":`...)
-		b = strconv.AppendBool(b, s.Lost)
-		b = append(b, '}')
+		b = inc.Sibling.appendJSON(b)
 	}
 	b = append(b, `,"winner":`...)
-	if w := inc.Winner; w == nil {
+	if inc.Winner == nil {
 		b = append(b, "null"...)
 	} else {
-		b = w.appendJSON(b)
+		b = inc.Winner.appendJSON(b)
 	}
 	b = appendStr(b, `,"tier":`, inc.Tier)
 	b = appendNonEmpty(b, `,"pod":`, inc.Pod)
 	b = appendNonEmpty(b, `,"namespace":`, inc.Namespace)
 	b = appendNonEmpty(b, `,"container":`, inc.Container)
+	return append(b, '}')
+}
+
+func (r *Retry) appendJSON(b []byte) []byte {
+	b = appendStr(b, `{"qtype":`, r.QType.String())
+	b = appendNum(b, `,"id":`, uint64(r.ID))
+	b = appendAddr(b, `,"src":`, r.Src)
+	b = appendAddr(b, `,"dst":`, r.Dst)
+	return append(b, '}')
+}
+
+func (s *Sibling) appendJSON(b []byte) []byte {
+	b = appendStr(b, `{"qtype":`, s.QType.String())
+	b = appendNum(b, `,"id":`, uint64(s.ID))
+	b = append(b, `,"gap_us":`...)
+	b = appendFloat(b, s.GapUs)
+	b = append(b, `,"cpus":[`...)
+	b = strconv.AppendInt(b, int64(s.CPUs[0]), 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, int64(s.CPUs[1]), 10)
+	b = append(b, `],"answered":`...)
+	b = strconv.AppendBool(b, s.Answered)
+	b = append(b, `,"lost":`...)
+	b = strconv.AppendBool(b, s.Lost)
 	return append(b, '}')
 }
 
