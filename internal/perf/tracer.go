@@ -47,7 +47,6 @@ const outputName = "out.jsonl"
 // tracerProc is a `dnsrace trace --json` child process.
 type tracerProc struct {
 	cmd    *exec.Cmd
-	out    bytes.Buffer
 	errb   bytes.Buffer
 	dir    string
 	exited chan error
@@ -63,13 +62,14 @@ func startTracer(exe string, limit time.Duration, extra []string) (*tracerProc, 
 		return nil, err
 	}
 	ready := filepath.Join(dir, "ready")
-	// The tracer writes to a file, not to a pipe this process must drain:
-	// a flood closes tens of thousands of incidents a second, and a pipe
-	// read by a process busy flooding would make the tracer wait on it.
+	// The tracer writes to a file, read after the round, not to a pipe
+	// this process drains: a flood closes tens of thousands of incidents a
+	// second, and draining them into memory was this process's work on the
+	// CPUs the flood and the tracer share.
 	args := append([]string{"trace", "--json", "--ready-file", ready, "--output-file", filepath.Join(dir, outputName),
 		"--duration", limit.String()}, extra...)
 	t := &tracerProc{cmd: exec.Command(exe, args...), dir: dir, exited: make(chan error, 1)}
-	t.cmd.Stdout, t.cmd.Stderr = &t.out, &t.errb
+	t.cmd.Stderr = &t.errb // stdout stays empty: everything goes to the file
 	if err := t.cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting the tracer: %w", err)

@@ -90,7 +90,7 @@ type Session struct {
 	readErr  error
 
 	// Writer-owned (Stop's once the writer is done).
-	jsonl []byte // --json: each incident's line is built here (non-nil then)
+	jsonl []byte // --json: each incident's line is built here
 	text  *TextWriter
 	buf   *bufio.Writer // under jsonl or text; flushed at each tick
 	outq  chan outBatch
@@ -164,9 +164,7 @@ func Start(opts Options) (*Session, error) {
 	cfg.OnIncident = s.incident
 	s.corr = correlate.New(cfg)
 	s.buf = bufio.NewWriterSize(opts.Out, outBufferSize)
-	if opts.JSON {
-		s.jsonl = []byte{}
-	} else {
+	if !opts.JSON {
 		s.text = NewTextWriter(s.buf, opts.ShowResolved)
 	}
 	s.snap.Store(s.snapshot())
@@ -279,7 +277,7 @@ func (s *Session) writeIncident(inc *correlate.Incident) {
 	if s.opts.Pods != nil {
 		Attribute(s.opts.Pods, inc)
 	}
-	if s.jsonl != nil {
+	if s.opts.JSON {
 		s.jsonl = append(inc.AppendJSON(s.jsonl[:0]), '\n')
 		_, _ = s.buf.Write(s.jsonl)
 	} else {
