@@ -363,15 +363,24 @@ static const __u32 ring_sends_key = 0;
  * and the reader shared two CPUs (--prog-stats). A wakeup is then late by
  * at most that many records per CPU, against a threshold of 1/8 of the
  * ring. */
-static __always_inline void output(void *rec, __u64 size)
+static __always_inline __u64 output_flags(void)
 {
 	__u32 *sent = bpf_map_lookup_elem(&ring_sends, &ring_sends_key);
-	__u64 flags = BPF_RB_NO_WAKEUP;
 	if (sent && (++*sent & (RING_CHECK_EVERY - 1)) == 0 &&
 	    bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= cfg.wakeup_bytes)
-		flags = BPF_RB_FORCE_WAKEUP;
+		return BPF_RB_FORCE_WAKEUP;
+	return BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline void ring_send(void *rec, __u64 size, __u64 flags)
+{
 	if (bpf_ringbuf_output(&events, rec, size, flags))
 		stat_inc(STAT_RING_LOST);
+}
+
+static __always_inline void output(void *rec, __u64 size)
+{
+	ring_send(rec, size, output_flags());
 }
 
 static __always_inline __u64 new_qid(void)
@@ -911,6 +920,19 @@ static __always_inline struct event_buf *event_buf(void)
 	return b;
 }
 
+/* event_size is how much of r to send. With no DNS message after them,
+ * the parts a record left zero are not sent: the winner's entry (unless
+ * RF_WINNER), then the packet's own entry (when it had none). A drop at a
+ * full receive buffer, one per refused query in a flood, is then 192 bytes
+ * instead of 288. Decode in internal/event takes all three sizes. */
+static __always_inline __u64 event_size(const struct rec_event *r, __u32 len)
+{
+	__u64 size = sizeof(*r) + len;
+	if (!len && !(r->flags & RF_WINNER))
+		size -= r->ct.ptr ? sizeof(r->winner) : sizeof(r->winner) + sizeof(r->ct);
+	return size;
+}
+
 /* emit_event sends b, with len bytes of the DNS message at payload (kernel
  * memory) when len > 0. */
 static __always_inline void emit_event(struct event_buf *b, __u8 kind, __u8 tier, __u64 qid, __u32 netns,
@@ -924,7 +946,10 @@ static __always_inline void emit_event(struct event_buf *b, __u8 kind, __u8 tier
 	if (len)
 		bpf_probe_read_kernel(b->dns, len, (void *)payload);
 	b->r.dns_len = len;
-	output(b, sizeof(b->r) + len);
+	/* The size is worked out after output_flags' calls: live across
+	 * them it would take a stack slot, and device() has none left. */
+	__u64 flags = output_flags();
+	ring_send(b, event_size(&b->r, len), flags);
 }
 
 /* announce_netns sends EV_CT_NETNS the first time a DNS entry is seen in

@@ -22,6 +22,12 @@ const (
 	AnswerSize = 32
 	EventSize  = 288
 
+	// An event with no DNS message may end before its winner's entry
+	// (when it has none: no FlagWinner) or before its own entry (when
+	// it has none either); see event_size in bpf/dnsrace.bpf.c.
+	EventNoWinnerSize = offEWinner
+	EventNoCTSize     = offECT
+
 	offTS    = 0
 	offQID   = 8
 	offNetNS = 16
@@ -83,7 +89,9 @@ var le = binary.LittleEndian
 // Decode fills e from one raw ring buffer record (struct rec_query,
 // rec_answer or rec_event of bpf/dnsrace.h). It overwrites every field of
 // e, keeps no reference to raw and does not allocate, so a reader can reuse
-// one Event for every record.
+// one Event for every record. An event record without a DNS message may
+// stop before the entries it does not carry (EventNoWinnerSize,
+// EventNoCTSize); they decode as zero.
 //
 // Tuples are invalid (zero) when the kernel side had no address family for
 // them. DNS is decoded from the captured start of the message: DNS.Valid is
@@ -126,7 +134,7 @@ func Decode(raw []byte, e *Event) error {
 		e.DNS.Rcode = uint8(flags & 0xf)
 		return nil
 	case recEvent:
-		if len(raw) < EventSize {
+		if len(raw) < EventNoCTSize {
 			return ErrShortRecord
 		}
 		k := raw[offEKind]
@@ -140,9 +148,19 @@ func Decode(raw []byte, e *Event) error {
 		e.WinnerQID = le.Uint64(raw[offEWinnerQID:])
 		e.Reason = le.Uint32(raw[offEReason:])
 		e.Packet = decodeTuple(raw[offEPkt : offEPkt+tupleSize])
-		decodeCT(raw[offECT:offECT+ctSize], &e.CT)
-		decodeCT(raw[offEWinner:offEWinner+ctSize], &e.Winner)
-		return decodeTail(raw, EventSize, int(le.Uint16(raw[offEDNSLen:])), &e.DNS)
+		switch n := le.Uint16(raw[offEDNSLen:]); {
+		case len(raw) >= EventSize:
+			decodeCT(raw[offECT:offECT+ctSize], &e.CT)
+			decodeCT(raw[offEWinner:offEWinner+ctSize], &e.Winner)
+			return decodeTail(raw, EventSize, int(n), &e.DNS)
+		case n != 0 || e.Flags&FlagWinner != 0:
+			return ErrShortRecord
+		case len(raw) == EventNoWinnerSize:
+			decodeCT(raw[offECT:offECT+ctSize], &e.CT)
+		case len(raw) != EventNoCTSize:
+			return ErrShortRecord
+		}
+		return nil
 	}
 	e.Kind = KindInvalid
 	return ErrBadKind

@@ -256,6 +256,50 @@ func TestDecodeDropOfUnmatchedAnswer(t *testing.T) {
 	}
 }
 
+// TestDecodeShortEvents: an event without a DNS message is sent without
+// the entries it does not carry, and only then.
+func TestDecodeShortEvents(t *testing.T) {
+	var ev bpf.DnsraceRecEvent
+	ev.Kind, ev.Reason = uint8(bpf.DnsraceEvKindEV_RCVBUF_FULL), 3
+	tp := v4Tuple("10.0.0.1", "10.0.0.53", 40000, 53)
+	ev.Pkt.Saddr, ev.Pkt.Daddr, ev.Pkt.Sport, ev.Pkt.Dport, ev.Pkt.Family, ev.Pkt.Proto =
+		tp.Saddr, tp.Daddr, tp.Sport, tp.Dport, tp.Family, tp.Proto
+	ev.Ct.Ptr, ev.Ct.Status = 0xffff8888aaaa0000, IPSConfirmed
+	ev.Ct.Orig = ev.Pkt
+	full := eventRecord(&ev, nil)
+
+	var e Event
+	if err := Decode(full[:EventNoWinnerSize], &e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Kind != KindRcvbufFull || e.Reason != 3 || e.Packet.String() != "10.0.0.1:40000->10.0.0.53:53" ||
+		e.CT.Ptr != 0xffff8888aaaa0000 || !e.CT.Confirmed() || e.CT.Orig != e.Packet || e.Winner != (CT{}) {
+		t.Errorf("without winner: %+v", e)
+	}
+	if err := Decode(full[:EventNoCTSize], &e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Kind != KindRcvbufFull || e.Packet.String() != "10.0.0.1:40000->10.0.0.53:53" || e.CT != (CT{}) {
+		t.Errorf("without entries: %+v", e)
+	}
+
+	for _, n := range []int{EventNoCTSize - 1, EventNoCTSize + 8, EventNoWinnerSize + 8, EventSize - 1} {
+		if err := Decode(full[:n], &e); err != ErrShortRecord {
+			t.Errorf("%d bytes: %v", n, err)
+		}
+	}
+	ev.Flags = FlagWinner
+	if err := Decode(eventRecord(&ev, nil)[:EventNoWinnerSize], &e); err != ErrShortRecord {
+		t.Errorf("winner flag without the winner: %v", err)
+	}
+	ev.Flags = 0
+	rec := eventRecord(&ev, nil)
+	rec[offEDNSLen] = 12
+	if err := Decode(rec[:EventNoWinnerSize], &e); err != ErrShortRecord {
+		t.Errorf("DNS length without the message: %v", err)
+	}
+}
+
 func TestDecodeNames(t *testing.T) {
 	long := bytes.Repeat([]byte("a"), 60)
 	longName := string(long) + "." + string(long) + "." + string(long) + ".example." // 190 dotted bytes

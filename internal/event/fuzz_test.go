@@ -22,6 +22,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(eventRecord(&ev, query(f, "svc-00.lab.test.", dns.TypeAAAA)))
 	f.Add([]byte{})
 	f.Add(make([]byte, EventSize))
+	f.Add(eventRecord(&ev, nil)[:EventNoWinnerSize])
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var e Event
 		err := Decode(raw, &e)
@@ -31,7 +32,7 @@ func FuzzDecode(f *testing.F) {
 		if err == nil {
 			min := map[Kind]int{KindQuery: QuerySize, KindAnswer: AnswerSize}[e.Kind]
 			if e.Kind >= KindDrop {
-				min = EventSize
+				min = EventNoCTSize
 			}
 			if e.Kind == KindInvalid || len(raw) < min {
 				t.Fatalf("accepted %d bytes as %v", len(raw), e.Kind)
