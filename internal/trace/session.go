@@ -222,9 +222,15 @@ func (s *Session) handle(e *event.Event) {
 		return
 	}
 	s.corr.Handle(e)
-	// Tick between events too: under load the ring is never empty.
+	// Tick between events too: under load the ring is never empty. Such a
+	// tick runs at the record's time, not the clock's: a reader behind
+	// the kernel has not read what happened since, so a drop is due once
+	// the records of ClassifyDelay after it are read (the winner's among
+	// them), and each tick has tickEvery of records' work, not all that
+	// piled up while the reader was behind. Only an idle tick (the ring
+	// empty) runs at the clock's time.
 	if e.TimeNs >= s.nextTick {
-		s.tick(monoNow())
+		s.tick(e.TimeNs)
 	}
 }
 
