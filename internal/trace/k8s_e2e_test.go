@@ -165,7 +165,8 @@ func TestTraceKubernetes(t *testing.T) {
 	if len(incidents) == 0 {
 		// Tell a race that did not happen from one the tracer missed.
 		if rep.Stalls == 0 {
-			t.Fatalf("the lab produced no stall in %.0f s (kernel %+v): nothing to attribute", rep.DurationS, rep.Conntrack)
+			t.Fatalf("the lab produced no stall in %.0f s (%d queries sent, %d answers; kernel %+v): nothing to attribute",
+				rep.DurationS, rep.QueriesSent, rep.AnswersReceived, rep.Conntrack)
 		}
 		t.Fatalf("no incident in the lab's pods, which stalled %d lookups (kernel %+v):\n%s", rep.Stalls, rep.Conntrack, out.String())
 	}
