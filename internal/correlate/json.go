@@ -45,12 +45,7 @@ func (inc *Incident) AppendJSON(b []byte) []byte {
 	}
 	b = append(b, `,"retried":`...)
 	b = strconv.AppendBool(b, inc.Retried)
-	b = append(b, `,"retry":`...)
-	if inc.Retry == nil {
-		b = append(b, "null"...)
-	} else {
-		b = inc.Retry.appendJSON(b)
-	}
+	b = appendObject(b, `,"retry":`, inc.Retry, (*Retry).appendJSON)
 	b = appendNonZero(b, `,"node_netns":`, uint64(inc.NodeNetNS))
 	b = append(b, `,"lost":`...)
 	if inc.Lost == nil {
@@ -65,18 +60,8 @@ func (inc *Incident) AppendJSON(b []byte) []byte {
 		}
 		b = append(b, ']')
 	}
-	b = append(b, `,"sibling":`...)
-	if inc.Sibling == nil {
-		b = append(b, "null"...)
-	} else {
-		b = inc.Sibling.appendJSON(b)
-	}
-	b = append(b, `,"winner":`...)
-	if inc.Winner == nil {
-		b = append(b, "null"...)
-	} else {
-		b = inc.Winner.appendJSON(b)
-	}
+	b = appendObject(b, `,"sibling":`, inc.Sibling, (*Sibling).appendJSON)
+	b = appendObject(b, `,"winner":`, inc.Winner, (*Flow).appendJSON)
 	b = appendStr(b, `,"tier":`, inc.Tier)
 	b = appendNonEmpty(b, `,"pod":`, inc.Pod)
 	b = appendNonEmpty(b, `,"namespace":`, inc.Namespace)
@@ -140,6 +125,15 @@ func (f *Flow) appendJSON(b []byte) []byte {
 }
 
 // The field writers: key is the JSON text before the value (`,"id":`).
+
+// appendObject writes key, then v as its appendJSON writes it, or null.
+func appendObject[T any](b []byte, key string, v *T, write func(*T, []byte) []byte) []byte {
+	b = append(b, key...)
+	if v == nil {
+		return append(b, "null"...)
+	}
+	return write(v, b)
+}
 
 func appendNum(b []byte, key string, v uint64) []byte {
 	return strconv.AppendUint(append(b, key...), v, 10)
