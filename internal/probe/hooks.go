@@ -219,14 +219,14 @@ func checkResolveClash(proto *btf.FuncProto) error {
 }
 
 // findFunc looks fn up in vmlinux BTF, then in module's BTF.
-func findFunc(k *btf.Spec, fn, module string) (*btf.Func, error) {
+func findFunc(k *btf.Spec, cache *btf.Cache, fn, module string) (*btf.Func, error) {
 	var f *btf.Func
 	err := k.TypeByName(fn, &f)
 	if err == nil {
 		return f, nil
 	}
 	if module != "" {
-		if m, merr := btf.LoadKernelModuleSpec(module); merr == nil {
+		if m, merr := cache.Module(module); merr == nil {
 			if merr = m.TypeByName(fn, &f); merr == nil {
 				return f, nil
 			}

@@ -69,6 +69,12 @@ type Options struct {
 	// set). The drain is locked to its thread and gives the nice value
 	// back before it ends (NiceThread).
 	ReaderNice int
+
+	// btfCache, when set, holds the running kernel's BTF across Opens: the
+	// package's tests open dozens of tracers, and decoding vmlinux's BTF
+	// is most of an Open under emulation. Unset, each Open decodes it once
+	// and lets it go with the loader.
+	btfCache *btf.Cache
 }
 
 // Mode is how the tracer learns what conntrack did.
@@ -214,7 +220,11 @@ func newLoader(opts Options) (*loader, error) {
 	if opts.RingBufferSize == 0 {
 		opts.RingBufferSize = DefaultRingBufferSize
 	}
-	kspec, err := kernelSpec(opts.KernelBTF)
+	cache := opts.btfCache
+	if cache == nil {
+		cache = btf.NewCache()
+	}
+	kspec, err := kernelSpec(opts.KernelBTF, cache)
 	if err != nil {
 		return nil, err
 	}
@@ -239,13 +249,13 @@ func newLoader(opts Options) (*loader, error) {
 		}
 		cfg.Ports[i] = p
 	}
-	l := &loader{t: &Tracer{maps: map[string]*ebpf.Map{}}, spec: spec, kspec: kspec, opts: opts, cfg: cfg, cache: btf.NewCache()}
+	l := &loader{t: &Tracer{maps: map[string]*ebpf.Map{}}, spec: spec, kspec: kspec, opts: opts, cfg: cfg, cache: cache}
 	if opts.KernelBTF != "" {
 		l.progOpts.KernelTypes = kspec
 		// An explicit kernel spec replaces module BTF too: add the
 		// modules dnsrace reads types from when they are loaded.
 		for _, mod := range []string{"nf_conntrack", "ipv6"} {
-			if m, err := btf.LoadKernelModuleSpec(mod); err == nil {
+			if m, err := cache.Module(mod); err == nil {
 				l.progOpts.ExtraRelocationTargets = append(l.progOpts.ExtraRelocationTargets, m)
 			}
 		}
@@ -253,7 +263,10 @@ func newLoader(opts Options) (*loader, error) {
 	return l, nil
 }
 
-func kernelSpec(path string) (*btf.Spec, error) {
+// kernelSpec is the BTF the programs are relocated against: the file at
+// path, or the running kernel's (decoded through cache, which the
+// collections' loads then share).
+func kernelSpec(path string, cache *btf.Cache) (*btf.Spec, error) {
 	if path != "" {
 		s, err := btf.LoadSpec(path)
 		if err != nil {
@@ -264,7 +277,7 @@ func kernelSpec(path string) (*btf.Spec, error) {
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		return nil, fmt.Errorf("this kernel exposes no BTF (/sys/kernel/btf/vmlinux: %w): dnsrace needs CONFIG_DEBUG_INFO_BTF=y, or a BTF file for this kernel passed with --kernel-btf", err)
 	}
-	s, err := btf.LoadKernelSpec()
+	s, err := cache.Kernel()
 	if err != nil {
 		return nil, fmt.Errorf("reading kernel BTF: %w", err)
 	}
@@ -491,7 +504,7 @@ func (l *loader) tryTier(h fnHook, tier event.Tier, aps []attachPoint) ([]link.L
 	if tier == event.TierKprobe && !kprobesAvailable() {
 		return nil, nil, errors.New("kprobes unavailable: no kprobe PMU (/sys/bus/event_source/devices/kprobe) and no kprobe_events in tracefs; the kernel was built without CONFIG_KPROBES")
 	}
-	fn, err := findFunc(l.kspec, h.fn, h.module)
+	fn, err := findFunc(l.kspec, l.cache, h.fn, h.module)
 	if err != nil && tier == event.TierFentry {
 		return nil, nil, err // fentry needs the BTF id; a kprobe only the symbol
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/miekg/dns"
@@ -28,6 +29,10 @@ import (
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
+// testBTF is the running kernel's BTF, decoded once for every tracer the
+// tests open (Options.btfCache).
+var testBTF = btf.NewCache()
+
 func requireBTF(t *testing.T) {
 	t.Helper()
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
@@ -37,6 +42,7 @@ func requireBTF(t *testing.T) {
 
 func open(t *testing.T, opts Options) *Tracer {
 	t.Helper()
+	opts.btfCache = testBTF
 	tr, err := Open(opts)
 	if err != nil {
 		var ve *ebpf.VerifierError
@@ -690,7 +696,7 @@ func TestForcedTierRefused(t *testing.T) {
 	requireBTF(t)
 	for _, tier := range []event.Tier{event.TierFentry, event.TierKprobe} {
 		t.Run(tier.String(), func(t *testing.T) {
-			tr, err := Open(Options{Attach: tier})
+			tr, err := Open(Options{Attach: tier, btfCache: testBTF})
 			if err == nil {
 				defer tr.Close()
 				if p := probeByHook(tr, "nf_conntrack_confirm"); !p.Attached || p.Tier != tier {
@@ -745,7 +751,7 @@ func TestKprobeProgramsLoad(t *testing.T) {
 
 func TestTracepointVariants(t *testing.T) {
 	requireBTF(t)
-	k, err := kernelSpec("")
+	k, err := kernelSpec("", testBTF)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -775,7 +781,7 @@ func mustSpec(t *testing.T) *ebpf.CollectionSpec {
 func TestCloseIdempotent(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
-	tr, err := Open(Options{Attach: event.TierTracepoint, RingBufferSize: 1 << 16})
+	tr, err := Open(Options{Attach: event.TierTracepoint, RingBufferSize: 1 << 16, btfCache: testBTF})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -797,7 +803,7 @@ func TestCloseIdempotent(t *testing.T) {
 func TestCloseWhileCounting(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
-	tr, err := Open(Options{Attach: event.TierTracepoint, RingBufferSize: 1 << 16})
+	tr, err := Open(Options{Attach: event.TierTracepoint, RingBufferSize: 1 << 16, btfCache: testBTF})
 	if err != nil {
 		t.Fatal(err)
 	}
