@@ -72,8 +72,8 @@ type Options struct {
 
 	// btfCache, when set, holds the running kernel's BTF across Opens: the
 	// package's tests open dozens of tracers, and decoding vmlinux's BTF
-	// is most of an Open under emulation. Unset, each Open decodes it once
-	// and lets it go with the loader.
+	// takes a second or more of an Open under emulation. Unset, each Open
+	// decodes it once and lets it go with the loader.
 	btfCache *btf.Cache
 }
 
