@@ -69,13 +69,13 @@ type Options struct {
 	// set). The drain is locked to its thread and gives the nice value
 	// back before it ends (NiceThread).
 	ReaderNice int
-
-	// btfCache, when set, holds the running kernel's BTF across Opens: the
-	// package's tests open dozens of tracers, and decoding vmlinux's BTF
-	// takes a second or more of an Open under emulation. Unset, each Open
-	// decodes it once and lets it go with the loader.
-	btfCache *btf.Cache
 }
+
+// sharedBTF, when set, holds the running kernel's BTF across Opens: the
+// package's tests open dozens of tracers, and decoding vmlinux's BTF takes
+// a second or more of an Open under emulation. Unset (dnsrace itself), each
+// Open decodes it once and lets it go with the loader.
+var sharedBTF *btf.Cache
 
 // Mode is how the tracer learns what conntrack did.
 type Mode int
@@ -220,7 +220,7 @@ func newLoader(opts Options) (*loader, error) {
 	if opts.RingBufferSize == 0 {
 		opts.RingBufferSize = DefaultRingBufferSize
 	}
-	cache := opts.btfCache
+	cache := sharedBTF
 	if cache == nil {
 		cache = btf.NewCache()
 	}

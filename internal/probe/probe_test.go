@@ -29,9 +29,8 @@ import (
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
-// testBTF is the running kernel's BTF, decoded once for every tracer the
-// tests open (Options.btfCache).
-var testBTF = btf.NewCache()
+// The running kernel's BTF is decoded once for every tracer the tests open.
+func init() { sharedBTF = btf.NewCache() }
 
 func requireBTF(t *testing.T) {
 	t.Helper()
@@ -42,7 +41,6 @@ func requireBTF(t *testing.T) {
 
 func open(t *testing.T, opts Options) *Tracer {
 	t.Helper()
-	opts.btfCache = testBTF
 	tr, err := Open(opts)
 	if err != nil {
 		var ve *ebpf.VerifierError
@@ -696,7 +694,7 @@ func TestForcedTierRefused(t *testing.T) {
 	requireBTF(t)
 	for _, tier := range []event.Tier{event.TierFentry, event.TierKprobe} {
 		t.Run(tier.String(), func(t *testing.T) {
-			tr, err := Open(Options{Attach: tier, btfCache: testBTF})
+			tr, err := Open(Options{Attach: tier})
 			if err == nil {
 				defer tr.Close()
 				if p := probeByHook(tr, "nf_conntrack_confirm"); !p.Attached || p.Tier != tier {
@@ -751,7 +749,7 @@ func TestKprobeProgramsLoad(t *testing.T) {
 
 func TestTracepointVariants(t *testing.T) {
 	requireBTF(t)
-	k, err := kernelSpec("", testBTF)
+	k, err := kernelSpec("", sharedBTF)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -781,7 +779,7 @@ func mustSpec(t *testing.T) *ebpf.CollectionSpec {
 func TestCloseIdempotent(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
-	tr, err := Open(Options{Attach: event.TierTracepoint, RingBufferSize: 1 << 16, btfCache: testBTF})
+	tr, err := Open(Options{Attach: event.TierTracepoint, RingBufferSize: 1 << 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -803,7 +801,7 @@ func TestCloseIdempotent(t *testing.T) {
 func TestCloseWhileCounting(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
-	tr, err := Open(Options{Attach: event.TierTracepoint, RingBufferSize: 1 << 16, btfCache: testBTF})
+	tr, err := Open(Options{Attach: event.TierTracepoint, RingBufferSize: 1 << 16})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,6 @@ func openTier(t *testing.T, opts Options) *Tracer {
 		return open(t, opts)
 	}
 	t.Logf("fentry is limited here: %s", limit)
-	opts.btfCache = testBTF
 	tr, err := Open(opts)
 	if err == nil {
 		tr.Close()
