@@ -339,10 +339,12 @@ func (c *Correlator) newQuery(e *event.Event) {
 		c.ix.promote(q.sentNs, uint64(c.cfg.MinRetryGap))
 		c.retry(q)
 	}
-	c.ix.add(q)
-	if c.ix.byQID.len() > c.cfg.MaxQueries {
-		c.evictOldest()
+	// Room is made before q goes in: at MaxQueries (a power of two) the
+	// tables then stay half full, not twice the size for one query more.
+	if c.ix.byQID.len() >= c.cfg.MaxQueries {
+		c.evictOldest(c.cfg.MaxQueries - 1)
 	}
+	c.ix.add(q)
 }
 
 // answerDropped records why the answer of a query was dropped: its query
@@ -373,11 +375,10 @@ func (c *Correlator) rcvbufFull(e *event.Event) {
 	}
 	// The record's tuple is the datagram's direction: the socket is its
 	// reverse.
-	if r := c.ix.sockets(e.Packet.Dst, e.Packet.Src); r != nil {
-		for _, q := range r.q {
-			if q != nil && q.state == statePending && q.netns == e.NetNS {
-				mark(q)
-			}
+	r, n := recentOnSocket(c.ix.sockets(e.Packet.Dst, e.Packet.Src))
+	for _, q := range r[:n] {
+		if q.state == statePending && q.netns == e.NetNS && q.src == e.Packet.Dst && q.dst == e.Packet.Src {
+			mark(q)
 		}
 	}
 }
@@ -584,8 +585,9 @@ func (c *Correlator) expire(now uint64) {
 	}
 }
 
-func (c *Correlator) evictOldest() {
-	for c.ix.order.len() > 0 && c.ix.byQID.len() > c.cfg.MaxQueries {
+// evictOldest forgets the oldest queries until keep are left (counted).
+func (c *Correlator) evictOldest(keep int) {
+	for c.ix.order.len() > 0 && c.ix.byQID.len() > keep {
 		q := c.ix.order.pop()
 		if !q.dead {
 			c.ix.forget(q)

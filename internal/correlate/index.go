@@ -51,6 +51,8 @@ type query struct {
 	// name (inPend: q is linked).
 	prevPending, nextPending *query
 	inPend                   bool
+	// newerOnSock and olderOnSock link the queries of its socket.
+	newerOnSock, olderOnSock *query
 	x                        *queryExtra
 }
 
@@ -105,35 +107,29 @@ func sockOf(src, dst netip.AddrPort) sockKey {
 	return sockKey(maphash.Bytes(sockSeed, b[:]))
 }
 
-// sockRecent holds the last queries sent on one socket, newest last:
-// enough for an A/AAAA pair and its retries.
-type sockRecent struct {
-	q [sockRecentLen]*query
-}
-
+// A socket's queries are a list through newerOnSock and olderOnSock, the
+// newest at its head, which the socks table holds: a table slot is one
+// pointer, not an array of them (the table's slots are 16 bytes, and
+// adding a query moves no other). Walks look at the sockRecentLen newest:
+// enough for an A/AAAA pair and its retries, and a flood's socket with
+// thousands in flight costs no more.
 const sockRecentLen = 8
 
-func (r *sockRecent) push(q *query) {
-	copy(r.q[:], r.q[1:])
-	r.q[sockRecentLen-1] = q
-}
-
-func (r *sockRecent) remove(q *query) (empty bool) {
-	empty = true
-	for i, o := range r.q {
-		if o == q {
-			r.q[i] = nil
-		} else if o != nil {
-			empty = false
-		}
+// recentOnSocket lists the newest queries on the socket whose list starts
+// at head, newest first; n says how many of r hold one.
+func recentOnSocket(head *query) (r [sockRecentLen]*query, n int) {
+	for q := head; q != nil && n < sockRecentLen; q = q.olderOnSock {
+		r[n] = q
+		n++
 	}
-	return empty
+	return r, n
 }
 
-// latest is the newest query still remembered on the socket src->dst.
-func (r *sockRecent) latest(src, dst netip.AddrPort) *query {
-	for i := sockRecentLen - 1; i >= 0; i-- {
-		if q := r.q[i]; q != nil && q.src == src && q.dst == dst {
+// latestOn is the newest query on the socket src->dst in the list that
+// starts at head (other sockets may share the list: their keys collided).
+func latestOn(head *query, src, dst netip.AddrPort) *query {
+	for q, n := head, 0; q != nil && n < sockRecentLen; q, n = q.olderOnSock, n+1 {
+		if q.src == src && q.dst == dst {
 			return q
 		}
 	}
@@ -190,7 +186,7 @@ func (l *pendList) remove(q *query) {
 // index holds every query in flight.
 type index struct {
 	byQID table[*query]
-	socks table[sockRecent] // by sockKey
+	socks table[*query]     // by sockKey: the socket's newest query
 	names table[*nameState] // by nameKey
 	order fifo[*query]      // by first sighting, for expiry
 	// young: pending queries not yet in their name's list. A query is
@@ -206,7 +202,7 @@ type index struct {
 }
 
 func newIndex() index {
-	return index{byQID: newTable[*query](), socks: newTable[sockRecent](), names: newTable[*nameState]()}
+	return index{byQID: newTable[*query](), socks: newTable[*query](), names: newTable[*nameState]()}
 }
 
 // alloc returns a zeroed query struct, recycled when one is free.
@@ -232,7 +228,7 @@ func (ix *index) recycle(q *query) {
 // add puts a new query into every index (q.sock and q.nk set).
 func (ix *index) add(q *query) {
 	ix.byQID.set(q.qid, q)
-	ix.socks.refOrAdd(uint64(q.sock)).push(q)
+	ix.pushOnSocket(q)
 	ix.order.push(q)
 	if q.state == statePending {
 		ix.pending++
@@ -346,17 +342,43 @@ func (ix *index) setState(q *query, s qstate) {
 	q.state = s
 }
 
-// sockets returns the recent queries of the socket src->dst.
-func (ix *index) sockets(src, dst netip.AddrPort) *sockRecent {
-	return ix.socks.ref(uint64(sockOf(src, dst)))
+// pushOnSocket makes q the newest query of its socket.
+func (ix *index) pushOnSocket(q *query) {
+	head := ix.socks.refOrAdd(uint64(q.sock))
+	if *head != nil {
+		(*head).newerOnSock, q.olderOnSock = q, *head
+	}
+	*head = q
+}
+
+// removeFromSocket unlinks q from its socket's list, and the socket from
+// the table when q was its last query.
+func (ix *index) removeFromSocket(q *query) {
+	if q.newerOnSock != nil {
+		q.newerOnSock.olderOnSock = q.olderOnSock
+	} else if head := ix.socks.ref(uint64(q.sock)); head != nil && *head == q {
+		if q.olderOnSock != nil {
+			*head = q.olderOnSock
+		} else {
+			ix.socks.del(uint64(q.sock))
+		}
+	}
+	if q.olderOnSock != nil {
+		q.olderOnSock.newerOnSock = q.newerOnSock
+	}
+	q.newerOnSock, q.olderOnSock = nil, nil
+}
+
+// sockets returns the newest query of the socket src->dst, the head of its
+// list, or nil.
+func (ix *index) sockets(src, dst netip.AddrPort) *query {
+	head, _ := ix.socks.get(uint64(sockOf(src, dst)))
+	return head
 }
 
 // onSocket is the newest query remembered on the socket src->dst.
 func (ix *index) onSocket(src, dst netip.AddrPort) *query {
-	if r := ix.sockets(src, dst); r != nil {
-		return r.latest(src, dst)
-	}
-	return nil
+	return latestOn(ix.sockets(src, dst), src, dst)
 }
 
 // forget takes q out of every index; its struct is recycled once no open
@@ -369,10 +391,7 @@ func (ix *index) forget(q *query) {
 	if cur, _ := ix.byQID.get(q.qid); cur == q {
 		ix.byQID.del(q.qid)
 	}
-	sk := uint64(q.sock)
-	if r := ix.socks.ref(sk); r != nil && r.remove(q) {
-		ix.socks.del(sk)
-	}
+	ix.removeFromSocket(q)
 	// Lost queries stay linked until the next walk: unlink q whatever
 	// its state, its struct may be reused. A query not linked leaves its
 	// name's state as it is (answered ones were unlinked at the answer).

@@ -197,12 +197,11 @@ func (c *Correlator) emit(inc *Incident, q *query) {
 // socket within MinRetryGap, another type, the same name; the first such
 // in order of sighting among the socket's recent queries.
 func (c *Correlator) sibling(q *query) *Sibling {
-	r := c.ix.socks.ref(uint64(q.sock))
-	if r == nil {
-		return nil
-	}
-	for _, other := range r.q {
-		if other == nil || other == q || other.dead || other.netns != q.netns || other.src != q.src || other.dst != q.dst || other.qtype == q.qtype || other.name != q.name {
+	head, _ := c.ix.socks.get(uint64(q.sock))
+	r, n := recentOnSocket(head)
+	for i := n - 1; i >= 0; i-- {
+		other := r[i]
+		if other == q || other.dead || other.netns != q.netns || other.src != q.src || other.dst != q.dst || other.qtype == q.qtype || other.name != q.name {
 			continue
 		}
 		gap := int64(other.sentNs) - int64(q.sentNs)
