@@ -375,7 +375,7 @@ func (c *Correlator) rcvbufFull(e *event.Event) {
 	}
 	// The record's tuple is the datagram's direction: the socket is its
 	// reverse.
-	r, n := recentOnSocket(c.ix.sockets(e.Packet.Dst, e.Packet.Src))
+	r, n := c.ix.recentOnSocket(c.ix.sockets(e.Packet.Dst, e.Packet.Src))
 	for _, q := range r[:n] {
 		if q.state == statePending && q.netns == e.NetNS && q.src == e.Packet.Dst && q.dst == e.Packet.Src {
 			mark(q)
@@ -559,7 +559,7 @@ func (c *Correlator) expire(now uint64) {
 		if !q.dead && q.sentNs+ttl > now {
 			break
 		}
-		c.ix.order.pop()
+		c.ix.popOldest()
 		if q.dead {
 			continue
 		}
@@ -588,7 +588,7 @@ func (c *Correlator) expire(now uint64) {
 // evictOldest forgets the oldest queries until keep are left (counted).
 func (c *Correlator) evictOldest(keep int) {
 	for c.ix.order.len() > 0 && c.ix.byQID.len() > keep {
-		q := c.ix.order.pop()
+		q := c.ix.popOldest()
 		if !q.dead {
 			c.ix.forget(q)
 			c.evicted++

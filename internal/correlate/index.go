@@ -51,9 +51,11 @@ type query struct {
 	// name (inPend: q is linked).
 	prevPending, nextPending *query
 	inPend                   bool
-	// newerOnSock and olderOnSock link the queries of its socket.
-	newerOnSock, olderOnSock *query
-	x                        *queryExtra
+	// seq is q's place in the order log; older is the query its socket
+	// sent before it (sockRef).
+	seq   uint64
+	older sockRef
+	x     *queryExtra
 }
 
 // queryExtra is the part of a query that only races and losses fill in.
@@ -107,33 +109,24 @@ func sockOf(src, dst netip.AddrPort) sockKey {
 	return sockKey(maphash.Bytes(sockSeed, b[:]))
 }
 
-// A socket's queries are a list through newerOnSock and olderOnSock, the
-// newest at its head, which the socks table holds: a table slot is one
-// pointer, not an array of them (the table's slots are 16 bytes, and
-// adding a query moves no other). Walks look at the sockRecentLen newest:
+// A socket's queries are a list from its newest, the head the socks table
+// holds, through each query's older link. Queries are forgotten in the
+// order they were first seen (the order log's front goes first), so every
+// link is stamped with its target's place in that order (seq): a link to a
+// query the log has passed (seq < popped) ends the list, and forgetting a
+// query touches neither its socket's entry nor its neighbours. Adding a
+// query then costs one table slot (a pointer and a stamp), not a write to
+// the struct of the socket's previous query, long out of the cache; the
+// entries of sockets whose queries are all gone are dropped when the table
+// would grow (sweepSockets). Walks look at the sockRecentLen newest:
 // enough for an A/AAAA pair and its retries, and a flood's socket with
 // thousands in flight costs no more.
 const sockRecentLen = 8
 
-// recentOnSocket lists the newest queries on the socket whose list starts
-// at head, newest first; n says how many of r hold one.
-func recentOnSocket(head *query) (r [sockRecentLen]*query, n int) {
-	for q := head; q != nil && n < sockRecentLen; q = q.olderOnSock {
-		r[n] = q
-		n++
-	}
-	return r, n
-}
-
-// latestOn is the newest query on the socket src->dst in the list that
-// starts at head (other sockets may share the list: their keys collided).
-func latestOn(head *query, src, dst netip.AddrPort) *query {
-	for q, n := head, 0; q != nil && n < sockRecentLen; q, n = q.olderOnSock, n+1 {
-		if q.src == src && q.dst == dst {
-			return q
-		}
-	}
-	return nil
+// sockRef is a link to a query of a socket, stamped with its seq.
+type sockRef struct {
+	q   *query
+	seq uint64
 }
 
 // nameKey is a name in a namespace: the name's hash mixed with the
@@ -186,9 +179,12 @@ func (l *pendList) remove(q *query) {
 // index holds every query in flight.
 type index struct {
 	byQID table[*query]
-	socks table[*query]     // by sockKey: the socket's newest query
+	socks table[sockRef]    // by sockKey: the socket's newest query
 	names table[*nameState] // by nameKey
 	order fifo[*query]      // by first sighting, for expiry
+	// pushed and popped count the order log's pushes and pops: a query
+	// with seq >= popped is still in flight.
+	pushed, popped uint64
 	// young: pending queries not yet in their name's list. A query is
 	// only ever found there as an older query a retry makes lost, sent at
 	// least MinRetryGap before it; most are answered long before that, so
@@ -202,7 +198,7 @@ type index struct {
 }
 
 func newIndex() index {
-	return index{byQID: newTable[*query](), socks: newTable[*query](), names: newTable[*nameState]()}
+	return index{byQID: newTable[*query](), socks: newTable[sockRef](), names: newTable[*nameState]()}
 }
 
 // alloc returns a zeroed query struct, recycled when one is free.
@@ -228,8 +224,10 @@ func (ix *index) recycle(q *query) {
 // add puts a new query into every index (q.sock and q.nk set).
 func (ix *index) add(q *query) {
 	ix.byQID.set(q.qid, q)
-	ix.pushOnSocket(q)
+	q.seq = ix.pushed
+	ix.pushed++
 	ix.order.push(q)
+	ix.pushOnSocket(q)
 	if q.state == statePending {
 		ix.pending++
 		ix.young.push(youngRef{q, q.qid})
@@ -342,47 +340,79 @@ func (ix *index) setState(q *query, s qstate) {
 	q.state = s
 }
 
-// pushOnSocket makes q the newest query of its socket.
-func (ix *index) pushOnSocket(q *query) {
-	head := ix.socks.refOrAdd(uint64(q.sock))
-	if *head != nil {
-		(*head).newerOnSock, q.olderOnSock = q, *head
-	}
-	*head = q
+// popOldest takes the oldest query off the order log; the caller forgets
+// it unless it is dead already.
+func (ix *index) popOldest() *query {
+	ix.popped++
+	return ix.order.pop()
 }
 
-// removeFromSocket unlinks q from its socket's list, and the socket from
-// the table when q was its last query.
-func (ix *index) removeFromSocket(q *query) {
-	if q.newerOnSock != nil {
-		q.newerOnSock.olderOnSock = q.olderOnSock
-	} else if head := ix.socks.ref(uint64(q.sock)); head != nil && *head == q {
-		if q.olderOnSock != nil {
-			*head = q.olderOnSock
-		} else {
-			ix.socks.del(uint64(q.sock))
+// inFlight: r links to a query the order log still holds.
+func (ix *index) inFlight(r sockRef) bool { return r.q != nil && r.seq >= ix.popped }
+
+// pushOnSocket makes q (q.seq set) the newest query of its socket.
+func (ix *index) pushOnSocket(q *query) {
+	if 2*(ix.socks.len()+1) > len(ix.socks.slots) {
+		ix.sweepSockets()
+	}
+	head := ix.socks.refOrAdd(uint64(q.sock))
+	if ix.inFlight(*head) {
+		q.older = *head
+	}
+	*head = sockRef{q, q.seq}
+}
+
+// sweepSockets drops the entries of sockets with no query in flight, and
+// sizes the table for the rest.
+func (ix *index) sweepSockets() {
+	ix.socks.keepOnly(func(r *sockRef) bool { return ix.inFlight(*r) })
+}
+
+// sockets returns the newest query in flight on the socket src->dst (or on
+// one whose key collides), the head of its list, or nil.
+func (ix *index) sockets(src, dst netip.AddrPort) *query {
+	return ix.socketHead(sockOf(src, dst))
+}
+
+func (ix *index) socketHead(k sockKey) *query {
+	if r, ok := ix.socks.get(uint64(k)); ok && ix.inFlight(r) {
+		return r.q
+	}
+	return nil
+}
+
+// recentOnSocket lists the newest queries in flight on the socket whose
+// list starts at head, newest first; n says how many of r hold one.
+func (ix *index) recentOnSocket(head *query) (r [sockRecentLen]*query, n int) {
+	for q := head; q != nil && n < sockRecentLen; q = ix.olderOnSocket(q) {
+		r[n] = q
+		n++
+	}
+	return r, n
+}
+
+// olderOnSocket is the query q's socket sent before q, nil if none is in
+// flight.
+func (ix *index) olderOnSocket(q *query) *query {
+	if ix.inFlight(q.older) {
+		return q.older.q
+	}
+	return nil
+}
+
+// onSocket is the newest query in flight on the socket src->dst.
+func (ix *index) onSocket(src, dst netip.AddrPort) *query {
+	for q, n := ix.sockets(src, dst), 0; q != nil && n < sockRecentLen; q, n = ix.olderOnSocket(q), n+1 {
+		if q.src == src && q.dst == dst {
+			return q
 		}
 	}
-	if q.olderOnSock != nil {
-		q.olderOnSock.newerOnSock = q.newerOnSock
-	}
-	q.newerOnSock, q.olderOnSock = nil, nil
-}
-
-// sockets returns the newest query of the socket src->dst, the head of its
-// list, or nil.
-func (ix *index) sockets(src, dst netip.AddrPort) *query {
-	head, _ := ix.socks.get(uint64(sockOf(src, dst)))
-	return head
-}
-
-// onSocket is the newest query remembered on the socket src->dst.
-func (ix *index) onSocket(src, dst netip.AddrPort) *query {
-	return latestOn(ix.sockets(src, dst), src, dst)
+	return nil
 }
 
 // forget takes q out of every index; its struct is recycled once no open
-// stall refers to it.
+// stall refers to it. q has been taken off the order log (popOldest): its
+// socket's list then ends before it with no change.
 func (ix *index) forget(q *query) {
 	if q.dead {
 		return
@@ -391,7 +421,6 @@ func (ix *index) forget(q *query) {
 	if cur, _ := ix.byQID.get(q.qid); cur == q {
 		ix.byQID.del(q.qid)
 	}
-	ix.removeFromSocket(q)
 	// Lost queries stay linked until the next walk: unlink q whatever
 	// its state, its struct may be reused. A query not linked leaves its
 	// name's state as it is (answered ones were unlinked at the answer).

@@ -7,49 +7,53 @@ import (
 	"testing"
 )
 
-// TestSocketListsMatchSlices pushes queries on a few sockets and removes
-// them in random order (oldest, newest, from the middle), comparing every
-// socket's list with a plain slice after each step: the table holds a
-// socket exactly while it has a query, its head is the newest, and the
-// walks see the newest sockRecentLen, newest first.
+// TestSocketListsMatchSlices adds queries on a few sockets, many of them
+// on a socket or two (a flood's) and the rest on sockets used once (a
+// resolver's new port per lookup), and forgets the oldest now and then as
+// expiry and the cap do, comparing every socket's list with a plain slice
+// after each step: the newest sockRecentLen in flight, newest first, and no
+// query the order log has passed. The table must not keep the entries of
+// sockets with nothing in flight beyond its sweeps.
 func TestSocketListsMatchSlices(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	ix := newIndex()
 	dst := netip.MustParseAddrPort("10.96.0.10:53")
-	const sockets = 5
-	want := make([][]*query, sockets) // oldest first
 	src := func(s int) netip.AddrPort {
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, 1}), uint16(40000+s))
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(s >> 8), 1}), uint16(40000+s))
 	}
-	for step := range 100000 {
-		s := r.IntN(sockets)
-		if len(want[s]) == 0 || r.IntN(100) < 52 {
-			q := &query{qid: uint64(step) + 1, src: src(s), dst: dst}
+	want := map[int][]*query{} // oldest first
+	var order []int            // the socket of every query in flight, oldest first
+	maxEntries, maxLive := 0, 0
+	for step := range 200000 {
+		if len(order) == 0 || r.IntN(100) < 51 {
+			s := r.IntN(3) // a hot socket
+			if r.IntN(2) == 0 {
+				s = 3 + step // used once
+			}
+			q := ix.alloc()
+			*q = query{qid: uint64(step) + 1, src: src(s % 60000), dst: dst}
 			q.sock = sockOf(q.src, q.dst)
-			ix.pushOnSocket(q)
-			want[s] = append(want[s], q)
+			ix.add(q)
+			want[s%60000] = append(want[s%60000], q)
+			order = append(order, s%60000)
 		} else {
-			i := len(want[s]) - 1 // newest
-			switch r.IntN(3) {
-			case 0:
-				i = 0
-			case 1:
-				i = r.IntN(len(want[s]))
+			q := ix.popOldest()
+			s := order[0]
+			order = order[1:]
+			if want[s][0] != q {
+				t.Fatalf("step %d: popped %d, want %d", step, q.qid, want[s][0].qid)
 			}
-			ix.removeFromSocket(want[s][i])
-			want[s] = slices.Delete(want[s], i, i+1)
+			ix.forget(q)
+			if want[s] = want[s][1:]; len(want[s]) == 0 {
+				delete(want, s)
+			}
 		}
-		inTable := 0
+		maxEntries, maxLive = max(maxEntries, ix.socks.len()), max(maxLive, len(want))
+		if step%997 != 0 && step > 1000 {
+			continue
+		}
 		for s, qs := range want {
-			head := ix.sockets(src(s), dst)
-			if len(qs) == 0 {
-				if head != nil {
-					t.Fatalf("step %d: socket %d has no query, its list starts at %d", step, s, head.qid)
-				}
-				continue
-			}
-			inTable++
-			got, n := recentOnSocket(head)
+			got, n := ix.recentOnSocket(ix.sockets(src(s), dst))
 			newest := slices.Clone(qs[max(0, len(qs)-sockRecentLen):])
 			slices.Reverse(newest)
 			if !slices.Equal(got[:n], newest) {
@@ -59,9 +63,18 @@ func TestSocketListsMatchSlices(t *testing.T) {
 				t.Fatalf("step %d: socket %d's newest is %v, want %d", step, s, q, qs[len(qs)-1].qid)
 			}
 		}
-		if ix.socks.len() != inTable {
-			t.Fatalf("step %d: %d sockets in the table, want %d", step, ix.socks.len(), inTable)
+		for range 100 {
+			if s := r.IntN(min(step+4, 60000)); want[s] == nil && ix.sockets(src(s), dst) != nil {
+				t.Fatalf("step %d: socket %d has no query in flight, its list starts at %d", step, s, ix.sockets(src(s), dst).qid)
+			}
 		}
+	}
+	// A sweep leaves the table at most a quarter full, its size the power
+	// of two at or above four times the sockets in flight, and the next
+	// comes at half full: never more than four entries per socket in
+	// flight (or half the smallest table).
+	if maxEntries > max(4*maxLive, 1<<tableMinBits/2) {
+		t.Errorf("the socket table reached %d entries with at most %d sockets in flight: not swept", maxEntries, maxLive)
 	}
 }
 

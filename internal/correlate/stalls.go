@@ -197,8 +197,7 @@ func (c *Correlator) emit(inc *Incident, q *query) {
 // socket within MinRetryGap, another type, the same name; the first such
 // in order of sighting among the socket's recent queries.
 func (c *Correlator) sibling(q *query) *Sibling {
-	head, _ := c.ix.socks.get(uint64(q.sock))
-	r, n := recentOnSocket(head)
+	r, n := c.ix.recentOnSocket(c.ix.socketHead(q.sock))
 	for i := n - 1; i >= 0; i-- {
 		other := r[i]
 		if other == q || other.dead || other.netns != q.netns || other.src != q.src || other.dst != q.dst || other.qtype == q.qtype || other.name != q.name {

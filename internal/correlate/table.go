@@ -136,6 +136,40 @@ func (t *table[V]) del(k uint64) {
 
 func (t *table[V]) len() int { return t.n }
 
+// keepOnly drops every entry keep refuses, in place, a run of full slots
+// at a time: the run's kept entries go back in from their home slots,
+// which lie inside the run, so the sweep reads and writes the slots in
+// order (no cache miss per entry kept, as a rehash into a new array would
+// take). The table then doubles if the rest fill more than a quarter of it.
+func (t *table[V]) keepOnly(keep func(*V) bool) {
+	m := t.mask()
+	start := 0 // an empty slot: no run crosses it (the table is never full)
+	for t.slots[start].k != 0 {
+		start++
+	}
+	var kept []slot[V]
+	for i := 1; i <= len(t.slots); i++ {
+		j := (start + i) & m
+		if t.slots[j].k == 0 {
+			continue
+		}
+		kept = kept[:0]
+		for ; t.slots[j].k != 0; j, i = (j+1)&m, i+1 {
+			if keep(&t.slots[j].v) {
+				kept = append(kept, t.slots[j])
+			}
+			t.slots[j] = slot[V]{}
+			t.n--
+		}
+		for _, s := range kept {
+			t.set(s.k, s.v)
+		}
+	}
+	if 4*t.n > len(t.slots) {
+		t.resize(64 - t.shift + 1)
+	}
+}
+
 // shrink halves the table while it is at most an eighth full, so a burst
 // does not keep its memory forever.
 func (t *table[V]) shrink() {

@@ -79,8 +79,26 @@ func TestTableAgainstMap(t *testing.T) {
 				tb.shrink()
 				checkTable(t, &tb, want)
 			}
+			if i%7919 == 0 {
+				keepOnly(t, &tb, want, func(v int) bool { return v%3 != 0 })
+			}
 		}
 		checkTable(t, &tb, want)
+	}
+}
+
+// keepOnly runs tb.keepOnly(keep) and the same on want, and checks them.
+func keepOnly(t *testing.T, tb *table[int], want map[uint64]int, keep func(int) bool) {
+	t.Helper()
+	tb.keepOnly(func(v *int) bool { return keep(*v) })
+	for k, v := range want {
+		if !keep(v) {
+			delete(want, k)
+		}
+	}
+	checkTable(t, tb, want)
+	if 4*tb.len() > len(tb.slots) {
+		t.Fatalf("after keepOnly %d entries fill more than a quarter of %d slots", tb.len(), len(tb.slots))
 	}
 }
 
@@ -105,7 +123,11 @@ func FuzzTable(f *testing.F) {
 				tb.del(k)
 				delete(want, k)
 			case 3:
-				tb.shrink()
+				if ops[i]&0x40 != 0 {
+					keepOnly(t, &tb, want, func(v int) bool { return v%4 < 2 })
+				} else {
+					tb.shrink()
+				}
 			}
 		}
 		checkTable(t, &tb, want)
