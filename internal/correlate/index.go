@@ -52,9 +52,9 @@ type query struct {
 	prevPending, nextPending *query
 	inPend                   bool
 	// seq is q's place in the order log; older is the query its socket
-	// sent before it (sockRef).
+	// sent before it (sockLink).
 	seq   uint64
-	older sockRef
+	older sockLink
 	x     *queryExtra
 }
 
@@ -115,7 +115,7 @@ func sockOf(src, dst netip.AddrPort) sockKey {
 // link is stamped with its target's place in that order (seq): a link to a
 // query the log has passed (seq < popped) ends the list, and forgetting a
 // query touches neither its socket's entry nor its neighbours. Adding a
-// query then costs one table slot (a pointer and a stamp), not a write to
+// query then costs one table slot (a number), not a write to
 // the struct of the socket's previous query, long out of the cache; the
 // entries of sockets whose queries are all gone are dropped when the table
 // would grow (sweepSockets). Walks look at the sockRecentLen newest:
@@ -123,11 +123,14 @@ func sockOf(src, dst netip.AddrPort) sockKey {
 // thousands in flight costs no more.
 const sockRecentLen = 8
 
-// sockRef is a link to a query of a socket, stamped with its seq.
-type sockRef struct {
-	q   *query
-	seq uint64
-}
+// sockLink is a link to a query of a socket: its place in the order log
+// (seq) plus one, 0 for none. The log finds the query while it is in
+// flight; a number rather than a pointer keeps the socks table free of
+// pointers, so the garbage collector never scans it, and its slots are 16
+// bytes, four to a cache line.
+type sockLink uint64
+
+func linkTo(q *query) sockLink { return sockLink(q.seq + 1) }
 
 // nameKey is a name in a namespace: the name's hash mixed with the
 // namespace's inode (a number key, for speed).
@@ -179,7 +182,7 @@ func (l *pendList) remove(q *query) {
 // index holds every query in flight.
 type index struct {
 	byQID table[*query]
-	socks table[sockRef]    // by sockKey: the socket's newest query
+	socks table[sockLink]   // by sockKey: the socket's newest query
 	names table[*nameState] // by nameKey
 	order fifo[*query]      // by first sighting, for expiry
 	// pushed and popped count the order log's pushes and pops: a query
@@ -198,7 +201,7 @@ type index struct {
 }
 
 func newIndex() index {
-	return index{byQID: newTable[*query](), socks: newTable[sockRef](), names: newTable[*nameState]()}
+	return index{byQID: newTable[*query](), socks: newTable[sockLink](), names: newTable[*nameState]()}
 }
 
 // alloc returns a zeroed query struct, recycled when one is free.
@@ -347,8 +350,17 @@ func (ix *index) popOldest() *query {
 	return ix.order.pop()
 }
 
-// inFlight: r links to a query the order log still holds.
-func (ix *index) inFlight(r sockRef) bool { return r.q != nil && r.seq >= ix.popped }
+// inFlight: l links to a query the order log still holds.
+func (ix *index) inFlight(l sockLink) bool { return l != 0 && uint64(l)-1 >= ix.popped }
+
+// linked is the query l links to, nil if the order log has passed it. The
+// log's front is the query with seq popped.
+func (ix *index) linked(l sockLink) *query {
+	if !ix.inFlight(l) {
+		return nil
+	}
+	return *ix.order.at(int(uint64(l) - 1 - ix.popped))
+}
 
 // pushOnSocket makes q (q.seq set) the newest query of its socket.
 func (ix *index) pushOnSocket(q *query) {
@@ -359,13 +371,13 @@ func (ix *index) pushOnSocket(q *query) {
 	if ix.inFlight(*head) {
 		q.older = *head
 	}
-	*head = sockRef{q, q.seq}
+	*head = linkTo(q)
 }
 
 // sweepSockets drops the entries of sockets with no query in flight, and
 // sizes the table for the rest.
 func (ix *index) sweepSockets() {
-	ix.socks.keepOnly(func(r *sockRef) bool { return ix.inFlight(*r) })
+	ix.socks.keepOnly(func(l *sockLink) bool { return ix.inFlight(*l) })
 }
 
 // sockets returns the newest query in flight on the socket src->dst (or on
@@ -375,10 +387,8 @@ func (ix *index) sockets(src, dst netip.AddrPort) *query {
 }
 
 func (ix *index) socketHead(k sockKey) *query {
-	if r, ok := ix.socks.get(uint64(k)); ok && ix.inFlight(r) {
-		return r.q
-	}
-	return nil
+	l, _ := ix.socks.get(uint64(k))
+	return ix.linked(l)
 }
 
 // recentOnSocket lists the newest queries in flight on the socket whose
@@ -394,10 +404,7 @@ func (ix *index) recentOnSocket(head *query) (r [sockRecentLen]*query, n int) {
 // olderOnSocket is the query q's socket sent before q, nil if none is in
 // flight.
 func (ix *index) olderOnSocket(q *query) *query {
-	if ix.inFlight(q.older) {
-		return q.older.q
-	}
-	return nil
+	return ix.linked(q.older)
 }
 
 // onSocket is the newest query in flight on the socket src->dst.
