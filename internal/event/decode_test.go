@@ -303,6 +303,7 @@ func TestDecodeShortEvents(t *testing.T) {
 func TestDecodeNames(t *testing.T) {
 	long := bytes.Repeat([]byte("a"), 60)
 	longName := string(long) + "." + string(long) + "." + string(long) + ".example." // 190 dotted bytes
+	lastCut := string(long) + "." + string(long) + ".0123456789."                    // cut inside its last label
 	hdr := []byte{0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0}
 	cases := []struct {
 		name      string
@@ -314,6 +315,7 @@ func TestDecodeNames(t *testing.T) {
 	}{
 		{"root", append(append([]byte{}, hdr...), 0, 0, 2, 0, 1), true, ".", dns.TypeNS, false},
 		{"long name cut at MaxName", query(t, longName, dns.TypeA), true, longName[:MaxName], dns.TypeA, true},
+		{"last label cut at MaxName", query(t, lastCut, dns.TypeA), true, lastCut[:MaxName], dns.TypeA, true},
 		{"capture ends in name", query(t, "example.com.", dns.TypeA)[:16], true, "exa", 0, true},
 		{"capture ends before qtype", query(t, "example.com.", dns.TypeA)[:25], true, "example.com", 0, false},
 		{"compression pointer", append(append([]byte{}, hdr...), 3, 'f', 'o', 'o', 0xc0, 0x0c, 0, 1, 0, 1), false, "foo", 0, false},
