@@ -433,6 +433,30 @@ func TestStallWithoutRetry(t *testing.T) {
 	}
 }
 
+// A stall that opens already past QueryTTL (an unanswered query declared
+// lost at its TTL) is reported at that tick, though a younger stall is in
+// progress: expire walks the stalls once the earliest start may be past
+// the TTL, and the new stall's start is the earliest.
+func TestStallOpenedPastTTLCloses(t *testing.T) {
+	h := newHarness(t, fakeCounters{node: {InsertFailed: 1, Drop: 1}})
+	sec := uint64(time.Second)
+	h.query(2*sec, podB, srcB, 7, dns.TypeA) // never answered
+	a := h.query(5*sec, podA, srcA, 1, dns.TypeA)
+	h.handle(drop(5*sec+10, a, reasonNetfilter, 1, entry(0xa, srcA, 1, false)))
+	h.c.Tick(6 * sec) // the drop's stall, from 5 s, is in progress
+	if len(h.incidents) != 0 {
+		t.Fatalf("incidents before any TTL: %+v", h.incidents)
+	}
+	h.c.Tick(14*sec + 1) // podB's query is lost: a stall from 2 s, past its TTL
+	if len(h.incidents) != 1 || h.incidents[0].Cause != CauseNoReply || h.incidents[0].NetNS != podB {
+		t.Fatalf("at 14 s: %+v, want podB's no_reply", h.incidents)
+	}
+	h.c.Tick(17*sec + 1)
+	if len(h.incidents) != 2 || h.incidents[1].Cause != CauseInsertRace {
+		t.Fatalf("at 17 s: %+v, want podA's insert_race too", h.incidents)
+	}
+}
+
 // At Close, only queries that waited a whole resolver timeout are lost.
 func TestCloseLosesOnlyTimedOut(t *testing.T) {
 	h := newHarness(t, nil)

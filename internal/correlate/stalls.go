@@ -82,6 +82,9 @@ func (c *Correlator) markLost(q *query, p Packet) {
 		c.fillIncident(o.inc, q, p.Cause, p.Race)
 		o.inc.Lost = o.lost1[:0]
 		s.open = o
+		if len(c.opens) == 0 || o.firstNs < c.openLow {
+			c.openLow = o.firstNs
+		}
 		c.opens[o] = true
 		c.openLog.push(o)
 	}
