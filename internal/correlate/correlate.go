@@ -236,15 +236,16 @@ type interned struct {
 	s string
 }
 
-// intern returns name as a string, shared with earlier queries for the same
-// name: a busy node asks for few distinct names, so the hot path does not
-// allocate one string per query.
-func (c *Correlator) intern(h uint64, name []byte) string {
+// intern returns the question's name as a string, shared with earlier
+// queries for the same name: a busy node asks for few distinct names, so
+// the hot path neither allocates a string nor converts the name from its
+// wire form per query. h, the hash of its wire form, is the name's identity
+// here as everywhere in the correlator (retries, siblings).
+func (c *Correlator) intern(h uint64, d *event.DNS) string {
 	e := &c.strs[h&(internSlots-1)]
-	if e.h == h && e.s == string(name) {
-		return e.s
+	if e.h != h || e.s == "" {
+		*e = interned{h, string(d.NameBytes())}
 	}
-	*e = interned{h, string(name)}
 	return e.s
 }
 
@@ -332,10 +333,9 @@ func (c *Correlator) Handle(e *event.Event) {
 // newQuery starts following a query.
 func (c *Correlator) newQuery(e *event.Event) {
 	q := c.ix.alloc()
-	name := e.DNS.NameBytes()
-	h := c.hashName(name)
+	h := c.hashName(e.DNS.NameKey())
 	*q = query{qid: e.QID, netns: e.NetNS, src: e.Packet.Src, dst: e.Packet.Dst, id: e.DNS.ID, qtype: e.DNS.QType,
-		name: h, qname: c.intern(h, name), sentNs: e.TimeNs, cgroup: e.Cgroup, pid: e.PID, cpu: e.CPU,
+		name: h, qname: c.intern(h, &e.DNS), sentNs: e.TimeNs, cgroup: e.Cgroup, pid: e.PID, cpu: e.CPU,
 		tier: e.Tier, comm: e.Comm}
 	q.sock, q.nk = sockOf(q.src, q.dst), nameOf(q.netns, q.name)
 	if e.Flags&event.FlagNoSocket != 0 {
@@ -359,7 +359,7 @@ func (c *Correlator) newQuery(e *event.Event) {
 func (c *Correlator) answerDropped(e *event.Event) {
 	q := c.ix.lookup(e.QID)
 	if q == nil && e.DNS.Valid {
-		q = c.ix.byQuestion(e.DNS.ID, e.DNS.QType, c.hashName(e.DNS.NameBytes()), e.TimeNs, uint64(c.cfg.QueryTTL))
+		q = c.ix.byQuestion(e.DNS.ID, e.DNS.QType, c.hashName(e.DNS.NameKey()), e.TimeNs, uint64(c.cfg.QueryTTL))
 	}
 	if q == nil || q.dead {
 		return

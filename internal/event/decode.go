@@ -97,10 +97,11 @@ var le = binary.LittleEndian
 // them. DNS is decoded from the captured start of the message: DNS.Valid is
 // set when the 12-byte header was captured and the first question name is
 // well formed as far as it was captured (no compression pointers or
-// reserved label types, at most 255 wire bytes); the name is converted to
-// dotted form, bytes outside printable ASCII and dots inside a label are
-// shown as '?'; NameTruncated is set when the name was cut at MaxName or
-// the capture ended inside it; QType is 0 when it was not captured.
+// reserved label types, at most 255 wire bytes); the name is kept as sent
+// (NameKey) and shown in dotted form when asked for (QName, NameBytes),
+// bytes outside printable ASCII and dots inside a label as '?';
+// NameTruncated is set when the name was cut at MaxName or the capture
+// ended inside it; QType is 0 when it was not captured.
 func Decode(raw []byte, e *Event) error {
 	*e = Event{}
 	if len(raw) < HdrSize {
@@ -220,46 +221,64 @@ func decodeDNS(b []byte, d *DNS) {
 		return
 	}
 
-	off, n, wire := dnsHeaderSz, 0, 0
+	// Walk the labels by their length bytes only: the dotted form's
+	// length (n, uncut) and where the name ends. The bytes are copied as
+	// they are, as many as the dotted form's MaxName bytes need (one more:
+	// a label's length byte becomes a dot, the first none); show converts
+	// them if the name is asked for.
+	off, n, end, whole := dnsHeaderSz, 0, 0, false
 	for {
 		if off >= len(b) {
-			d.NameLen, d.NameTruncated, d.Valid = uint8(n), true, true
-			return
-		}
-		l := int(b[off])
-		off++
-		wire++
-		if l == 0 {
+			end, d.NameTruncated, d.Valid = len(b), true, true
 			break
 		}
-		if l&0xc0 != 0 { // compression pointer or reserved label type
-			d.NameLen = uint8(n)
-			return
+		l := int(b[off])
+		if l == 0 {
+			end, d.Valid, whole = off, true, true
+			off++
+			break
 		}
-		wire += l
-		if wire > 255 {
-			d.NameLen = uint8(n)
-			return
+		// A compression pointer or reserved label type, or a name past
+		// 255 wire bytes: not valid.
+		if l&0xc0 != 0 || off+1+l-dnsHeaderSz > 255 {
+			end = off
+			break
 		}
 		if n > 0 {
-			n = d.put(n, '.')
+			n++
 		}
-		end := off + l
-		cut := end > len(b)
-		if cut {
-			end = len(b)
+		off += 1 + l
+		if off > len(b) {
+			n += l - (off - len(b))
+			end, d.NameTruncated, d.Valid = len(b), true, true
+			break
 		}
-		n = d.putLabel(n, b[off:end])
-		if cut {
-			d.NameLen, d.NameTruncated, d.Valid = uint8(n), true, true
-			return
-		}
-		off = end
+		n += l
+	}
+	if n > MaxName {
+		n, d.NameTruncated = MaxName, true
 	}
 	d.NameLen = uint8(n)
-	d.Valid = true
-	if off+2 <= len(b) {
+	d.wireLen = uint8(copy(d.wire[:], b[dnsHeaderSz:end]))
+	if whole && off+2 <= len(b) {
 		d.QType = binary.BigEndian.Uint16(b[off:])
+	}
+}
+
+// show puts the dotted form of the wire name in d.name.
+func (d *DNS) show() {
+	d.shown = true
+	w, n := d.wire[:d.wireLen], 0
+	for off := 0; off < len(w) && n < MaxName; {
+		l := int(w[off])
+		off++
+		end := min(off+l, len(w))
+		if n > 0 {
+			d.name[n] = '.'
+			n++
+		}
+		n = d.putLabel(n, w[off:end])
+		off = end
 	}
 }
 

@@ -3,6 +3,7 @@ package event
 import (
 	"bytes"
 	"net/netip"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -337,6 +338,34 @@ func TestDecodeNames(t *testing.T) {
 					d.Valid, d.QName(), d.QType, d.NameTruncated, c.valid, c.qname, c.qtype, c.truncated)
 			}
 		})
+	}
+}
+
+// TestNameKey: a decoded name and the same name set with SetQName (the
+// correlator's tests and synthetic queries) have one key, however long;
+// names the dotted form cannot tell apart (a dot inside a label, shown
+// '?') have different keys.
+func TestNameKey(t *testing.T) {
+	long := strings.Repeat("b", 63)
+	for _, name := range []string{".", "a.", "kubernetes.default.svc.cluster.local.",
+		strings.Repeat(long+".", 3) + "example."} {
+		var q bpf.DnsraceRecQuery
+		var e Event
+		if err := Decode(queryRecord(&q, query(t, name, dns.TypeA)), &e); err != nil {
+			t.Fatal(err)
+		}
+		var set DNS
+		set.SetQName(strings.TrimSuffix(name, "."))
+		if !bytes.Equal(e.DNS.NameKey(), set.NameKey()) || len(set.NameKey()) == 0 && name != "." {
+			t.Errorf("%q: decoded key %x, SetQName's %x", name, e.DNS.NameKey(), set.NameKey())
+		}
+	}
+	hdr := []byte{0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0}
+	var one, two DNS
+	decodeDNS(append(append([]byte{}, hdr...), 3, 'a', '.', 'b', 0, 0, 1, 0, 1), &one)
+	decodeDNS(append(append([]byte{}, hdr...), 3, 'a', '?', 'b', 0, 0, 1, 0, 1), &two)
+	if one.QName() != two.QName() || bytes.Equal(one.NameKey(), two.NameKey()) {
+		t.Errorf("a label with a dot: names %q %q, keys %x %x", one.QName(), two.QName(), one.NameKey(), two.NameKey())
 	}
 }
 

@@ -3,6 +3,7 @@ package event
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 )
 
 // Kind says what a record reports. The kernel side sends a Query when a
@@ -147,35 +148,64 @@ func (c CT) Confirmed() bool { return c.Status&IPSConfirmed != 0 }
 const MaxName = 128
 
 // DNS is the header and first question of the DNS message in a packet.
+// The question name is kept as its labels came on the wire and shown in
+// dotted form only when asked for (QName, NameBytes): following a query
+// needs only its hash (NameKey), and a node asks for few distinct names, so
+// most queries' names are never converted (that was a quarter of the read
+// path's instructions).
 type DNS struct {
 	Valid         bool
 	ID            uint16
 	Response      bool
 	Rcode         uint8
 	QType         uint16
-	NameLen       uint8
+	NameLen       uint8 // of the dotted form
 	NameTruncated bool
-	name          [MaxName]byte // dotted form, no trailing dot
+	wireLen       uint8
+	shown         bool              // name holds the dotted form of wire
+	wire          [MaxName + 1]byte // the name's first labels as sent: all the dotted form needs
+	name          [MaxName]byte     // dotted form, no trailing dot
 }
 
 // QName returns the question name ("." for the root). It allocates; the hot
-// path compares names with SameName instead.
+// path keys names by NameKey instead.
 func (d *DNS) QName() string {
 	if d.NameLen == 0 {
 		return "."
 	}
-	return string(d.name[:d.NameLen])
+	return string(d.NameBytes())
 }
 
-// SetQName stores name (dotted form), cutting it at MaxName bytes.
+// SetQName stores name (dotted form), cutting it at MaxName bytes; its
+// labels become the wire form, so NameKey is what a decoded message with
+// that name gives.
 func (d *DNS) SetQName(name string) {
 	n := copy(d.name[:], name)
-	d.NameLen = uint8(n)
-	d.NameTruncated = n < len(name)
+	d.NameLen, d.NameTruncated, d.shown = uint8(n), n < len(name), true
+	w := 0
+	for label := range strings.SplitSeq(name, ".") {
+		if label == "" || len(label) > 63 || w >= len(d.wire) {
+			break
+		}
+		d.wire[w] = byte(len(label))
+		w += 1 + copy(d.wire[w+1:], label)
+	}
+	d.wireLen = uint8(w)
 }
 
-// NameBytes returns the stored name without copying.
-func (d *DNS) NameBytes() []byte { return d.name[:d.NameLen] }
+// NameBytes returns the name in dotted form (empty for the root), valid
+// until d changes.
+func (d *DNS) NameBytes() []byte {
+	if !d.shown {
+		d.show()
+	}
+	return d.name[:d.NameLen]
+}
+
+// NameKey returns the name's labels as the message had them, as far as
+// its dotted form is kept (MaxName): the same bytes for the same name, for
+// hashing. Valid until d changes.
+func (d *DNS) NameKey() []byte { return d.wire[:d.wireLen] }
 
 // Event is one record. Fields a record does not carry stay zero.
 type Event struct {
