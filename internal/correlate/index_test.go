@@ -85,3 +85,60 @@ func qids(qs []*query) []uint64 {
 	}
 	return ids
 }
+
+// TestPromoteLinksOnlyPendingQueries: queries are answered, lost and
+// forgotten (their structs reused for new queries) at random while time
+// passes; after every promote a query is in its name's list exactly when
+// it was still pending once MinRetryGap old (and not answered or forgotten
+// since). A young ref left behind by a query answered or forgotten would
+// link an answered query, or a new one in the reused struct before its
+// time.
+func TestPromoteLinksOnlyPendingQueries(t *testing.T) {
+	const gap = 1000
+	r := rand.New(rand.NewPCG(7, 8))
+	ix := newIndex()
+	var live []*query             // in flight, oldest first
+	linked := map[*query]bool{}   // the model: in its name's list
+	promoted := map[*query]bool{} // was pending when it came of age
+	now := uint64(1)
+	for step := range 50000 {
+		switch k := r.IntN(10); {
+		case k < 3 || len(live) == 0:
+			q := ix.alloc()
+			*q = query{qid: uint64(step) + 1, sentNs: now, nk: nameOf(1, uint64(r.IntN(8)))}
+			ix.add(q)
+			live = append(live, q)
+			delete(linked, q)
+			delete(promoted, q)
+		case k < 6:
+			if q := live[r.IntN(len(live))]; q.state == statePending {
+				ix.setState(q, stateAnswered)
+				ix.unpend(q)
+				delete(linked, q)
+			}
+		case k < 7:
+			if q := live[r.IntN(len(live))]; q.state == statePending {
+				ix.setState(q, stateLost) // stays linked until a walk
+			}
+		default:
+			q := ix.popOldest()
+			if q != live[0] {
+				t.Fatalf("step %d: popped %d, want %d", step, q.qid, live[0].qid)
+			}
+			live = live[1:]
+			delete(linked, q)
+			ix.forget(q)
+		}
+		now += uint64(r.IntN(40))
+		ix.promote(now, gap)
+		for _, q := range live {
+			if q.state == statePending && q.sentNs+gap <= now && !promoted[q] {
+				promoted[q], linked[q] = true, true
+			}
+			if q.inPend != linked[q] {
+				t.Fatalf("step %d: query %d (state %d, sent %d, now %d) linked %v, want %v",
+					step, q.qid, q.state, q.sentNs, now, q.inPend, linked[q])
+			}
+		}
+	}
+}
