@@ -53,13 +53,15 @@ type query struct {
 	// name (inPend: q is linked).
 	prevPending, nextPending *query
 	inPend                   bool
+	// inYoung: its young ref, at place youngAt (the young log's pushes
+	// before it, mod 2^32: the log never holds that many), is set.
+	inYoung bool
+	youngAt uint32
 	// seq is q's place in the order log; older is the query its socket
 	// sent before it (sockLink).
 	seq   uint64
 	older sockLink
-	// youngAt is its young ref's place plus one, 0 for none.
-	youngAt uint64
-	x       *queryExtra
+	x     *queryExtra
 }
 
 // queryExtra is the part of a query that only races and losses fill in.
@@ -246,7 +248,7 @@ func (ix *index) add(q *query) {
 	ix.pushOnSocket(q)
 	if q.state == statePending {
 		ix.pending++
-		q.youngAt = ix.youngPopped + uint64(ix.young.len()) + 1
+		q.inYoung, q.youngAt = true, uint32(ix.youngPopped)+uint32(ix.young.len())
 		ix.young.push(youngRef{q, q.sentNs})
 	}
 }
@@ -263,9 +265,9 @@ type youngRef struct {
 
 // leaveYoung clears q's young ref, if it has one.
 func (ix *index) leaveYoung(q *query) {
-	if q.youngAt != 0 {
-		ix.young.at(int(q.youngAt - 1 - ix.youngPopped)).q = nil
-		q.youngAt = 0
+	if q.inYoung {
+		ix.young.at(int(q.youngAt - uint32(ix.youngPopped))).q = nil
+		q.inYoung = false
 	}
 }
 
@@ -278,7 +280,7 @@ func (ix *index) promote(now, gap uint64) {
 			if r.sentNs+gap > now {
 				return
 			}
-			q.youngAt = 0
+			q.inYoung = false
 			if !q.inPend {
 				ix.nameStateOf(q.nk).pend.push(q)
 			}

@@ -183,8 +183,14 @@ func (d *DNS) SetQName(name string) {
 	n := copy(d.name[:], name)
 	d.NameLen, d.NameTruncated, d.shown = uint8(n), n < len(name), true
 	w := 0
-	for label := range strings.SplitSeq(name, ".") {
-		if label == "" || len(label) > 63 || w >= len(d.wire) {
+	for name != "" && w < len(d.wire) {
+		label := name
+		if i := strings.IndexByte(name, '.'); i >= 0 {
+			label, name = name[:i], name[i+1:]
+		} else {
+			name = ""
+		}
+		if label == "" || len(label) > 63 {
 			break
 		}
 		d.wire[w] = byte(len(label))
