@@ -40,7 +40,9 @@ it read, their bytes, how many were lost, and the hook calls the kernel
 skipped its programs for (recursion misses, shown when there are any). A
 case whose traced rounds lost records, or (DNS floods) did not follow more
 than 1% of the answers the flood read to their queries, reports no ratio
-("invalid"), and --smoke fails on it.
+("invalid"), and --smoke fails on it. With two rounds or more each case
+also shows its lowest and highest ratio of one round: two runs that differ
+by less than that differ by the machine's noise, not the tracer.
 --memory instead feeds synthetic unanswered queries to the correlator in
 this process and reports its memory. --prog-stats turns on the kernel's
 BPF run-time accounting (Linux 5.8+) during the traced floods and reports

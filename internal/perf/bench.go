@@ -144,7 +144,12 @@ type CaseResult struct {
 	Untraced float64 `json:"untraced"`
 	Traced   float64 `json:"traced"`
 	Ratio    float64 `json:"ratio"`
-	Target   float64 `json:"target"`
+	// RatioRange: the lowest and highest traced/untraced of one round
+	// (each traced round against the untraced round of its number), with
+	// two rounds or more and a ratio: how far the machine's noise moves
+	// the ratio, so two runs are compared against it.
+	RatioRange []float64 `json:"ratio_range,omitempty"`
+	Target     float64   `json:"target"`
 	// The tracer while traced: CPU in cores, records, record bytes, records
 	// lost, hook calls the kernel skipped its programs for (recursion
 	// misses: a program already running on that CPU, as when a softirq
@@ -499,6 +504,7 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 	r.Invalid = r.EventsLost > 0 || r.Unfollowed*100 > answers
 	if r.Untraced > 0 && !r.Invalid {
 		r.Ratio = r.Traced / r.Untraced
+		r.RatioRange = roundRatios(r.UntracedPPS, r.TracedPPS)
 	}
 	if secs[hooksOnly] > 0 && r.Untraced > 0 {
 		r.HooksOnly = units[hooksOnly] / secs[hooksOnly]
@@ -566,6 +572,30 @@ func (h *harness) step(ctx context.Context, rate int) (Step, error) {
 	return st, nil
 }
 
+// roundRatios is the lowest and highest traced/untraced of rounds with the
+// same number, nil with fewer than two such pairs.
+func roundRatios(untraced, traced []float64) []float64 {
+	var lo, hi float64
+	n := 0
+	for i := range min(len(untraced), len(traced)) {
+		if untraced[i] <= 0 {
+			continue
+		}
+		x := traced[i] / untraced[i]
+		if n == 0 || x < lo {
+			lo = x
+		}
+		if n == 0 || x > hi {
+			hi = x
+		}
+		n++
+	}
+	if n < 2 {
+		return nil
+	}
+	return []float64{lo, hi}
+}
+
 // WriteText prints a result as tables.
 func WriteText(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "kernel %s, %d CPUs, %s tier, %.0fs per round\n\n", r.Kernel, r.CPUs, r.Tier, r.Duration)
@@ -589,6 +619,11 @@ func WriteText(w io.Writer, r *Result) {
 				c.Name, c.Untraced, c.Traced, ratio, c.Target, mark, c.TracerCPU, c.Events, c.EventsLost, perQ)
 		}
 		fmt.Fprintln(w, "(a case whose traced rounds lost records, or whose answers the tracer did not follow to their queries, has no ratio: the tracer shed work)")
+		for _, c := range r.Cases {
+			if len(c.RatioRange) == 2 {
+				fmt.Fprintf(w, "%-13s round by round %.3f to %.3f (%d rounds): a difference within that is noise\n", c.Name, c.RatioRange[0], c.RatioRange[1], c.Rounds)
+			}
+		}
 		for _, c := range r.Cases {
 			if c.Unfollowed > 0 {
 				fmt.Fprintf(w, "%-13s %d answers the flood read were not followed to their query by the tracer\n", c.Name, c.Unfollowed)

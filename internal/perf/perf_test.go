@@ -159,3 +159,24 @@ func TestUnfollowedAnswersInvalid(t *testing.T) {
 		t.Errorf("Problems = %q", p)
 	}
 }
+
+// TestRatioRangeShown: with two rounds or more the text gives the lowest
+// and highest ratio of one round, so a reader knows how much of a
+// difference between two runs is noise; one round gives none.
+func TestRatioRangeShown(t *testing.T) {
+	if got := roundRatios([]float64{100, 200, 100}, []float64{90, 120, 80}); len(got) != 2 || got[0] != 0.6 || got[1] != 0.9 {
+		t.Errorf("roundRatios = %v, want [0.6 0.9]", got)
+	}
+	if got := roundRatios([]float64{100}, []float64{90}); got != nil {
+		t.Errorf("one round: %v, want none", got)
+	}
+	var out bytes.Buffer
+	WriteText(&out, &Result{Cases: []CaseResult{
+		{Name: "dns-forward", Rounds: 3, Untraced: 100, Traced: 80, Ratio: 0.8, RatioRange: []float64{0.702, 0.864}},
+		{Name: "udp-forward", Rounds: 1, Untraced: 100, Traced: 90, Ratio: 0.9},
+	}})
+	if !strings.Contains(out.String(), "dns-forward   round by round 0.702 to 0.864 (3 rounds): a difference within that is noise") ||
+		strings.Contains(out.String(), "udp-forward   round by round") {
+		t.Errorf("text:\n%s", out.String())
+	}
+}
