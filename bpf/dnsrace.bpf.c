@@ -48,7 +48,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define CONFIRM_DEPTH 4
 /* A packet crosses a node in far less; a later query with the same socket
  * and DNS id is a resend (glibc 5 s, musl 2.5 s). */
-#define RESEND_GAP_NS (400ULL * 1000 * 1000)
+#define RESEND_GAP_MS 400
 
 /* Emit the types bpf2go generates Go code for (-type). */
 const struct rec_hdr *unused_hdr __attribute__((unused));
@@ -64,7 +64,18 @@ const enum dnsrace_stat *unused_stat __attribute__((unused));
 volatile const struct config cfg = {
 	.ports = {53},
 	.wakeup_bytes = 1 << 20,
+	.hz = 250,
 };
+
+/* Windows (a hop or a resend, a copy of an answer, a late winner) are
+ * timed in jiffies: bpf_jiffies64 reads a variable where bpf_ktime_get_ns
+ * reads the clock source (32 ns a call on a VM; docs/performance.md), and
+ * the tracepoint tier times every hop. Their ends are off by up to a tick
+ * (1 to 10 ms), nothing next to the windows' 100 ms to 1 s. */
+static __always_inline bool within_ms(__u64 then, __u64 now, __u64 ms)
+{
+	return (now - then) * 1000 < ms * cfg.hz;
+}
 
 /* Set by the loader: the tracepoint tier watches entries get confirmed on
  * devices (the confirm hook is missing). */
@@ -108,7 +119,7 @@ struct flow_key {
 
 struct flow {
 	__u64 qid;
-	__u64 ts;    /* last seen */
+	__u64 ts;    /* last seen, in jiffies */
 	__u32 netns; /* the asking namespace */
 	__u32 _pad;
 };
@@ -207,7 +218,7 @@ struct {
  * winner will hold. */
 struct awaited {
 	__u64 qid; /* the loser's */
-	__u64 ts;  /* when it was dropped */
+	__u64 ts;  /* when it was dropped, in jiffies */
 };
 
 struct {
@@ -219,7 +230,7 @@ struct {
 
 /* A winner confirmed this long after its loser's drop is another flow
  * that got the same tuple later. */
-#define AWAIT_NS (1000ULL * 1000 * 1000)
+#define AWAIT_MS 1000
 
 /* Namespaces where a DNS entry was seen, so each is announced once. */
 struct {
@@ -756,7 +767,7 @@ static __always_inline __u64 new_flow(struct flow_key *k, __u32 netns, __u64 pay
 				      __u8 tier, __u8 flags)
 {
 	__u64 qid = new_qid();
-	struct flow f = {.qid = qid, .ts = bpf_ktime_get_ns(), .netns = netns};
+	struct flow f = {.qid = qid, .ts = bpf_jiffies64(), .netns = netns};
 	count_asker(netns, 1);
 	bpf_map_update_elem(&flows, k, &f, BPF_ANY);
 	/* A lookup sets the entry's reference bit (an insert does not), and
@@ -783,10 +794,10 @@ static __always_inline __u64 track_query(struct seen *s, struct flow_key *k, boo
 					 __u8 tier, __u8 flags, __u32 *asker)
 {
 	struct flow *f = lookup_flow(k);
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_jiffies64();
 	/* A resend reuses the socket and the DNS id: only time tells it from
 	 * a hop. */
-	if (f && now - f->ts < RESEND_GAP_NS) {
+	if (f && within_ms(f->ts, now, RESEND_GAP_MS)) {
 		f->ts = now;
 		*asker = f->netns;
 		return f->qid;
@@ -849,7 +860,7 @@ static __always_inline bool lookup_answer(struct found *o, __u32 netns, const st
 struct answered {
 	struct flow_key fk;
 	__u64 qid;
-	__u64 ts;
+	__u64 ts; /* jiffies */
 	__u32 netns;
 	__u32 _pad;
 };
@@ -862,7 +873,7 @@ struct {
 } last_answered SEC(".maps");
 
 /* A drop of a matched answer later than this is of another copy of it. */
-#define ANSWERED_NS (100ULL * 1000 * 1000)
+#define ANSWERED_MS 100
 
 /* just_answered: the query whose answer with tuple t and DNS id this CPU
  * matched moments ago in netns, or 0. o->fk is scratch. */
@@ -870,7 +881,7 @@ static __always_inline __u64 just_answered(struct found *o, __u32 netns, const s
 {
 	__u32 zero = 0;
 	struct answered *a = bpf_map_lookup_elem(&last_answered, &zero);
-	if (!a || !a->qid || a->netns != netns || bpf_ktime_get_ns() - a->ts > ANSWERED_NS)
+	if (!a || !a->qid || a->netns != netns || !within_ms(a->ts, bpf_jiffies64(), ANSWERED_MS))
 		return 0;
 	key_from(&o->fk, t, id, true);
 	if (!__builtin_memcmp(&o->fk, &a->fk, sizeof(o->fk)))
@@ -899,7 +910,7 @@ static __always_inline bool answer(struct seen *s, const struct tuple *t, __u8 t
 	if (last) {
 		last->fk = o.fk;
 		last->qid = o.qid;
-		last->ts = bpf_ktime_get_ns();
+		last->ts = bpf_jiffies64();
 		last->netns = s->netns;
 	}
 	struct rec_answer r = {};
@@ -1001,7 +1012,7 @@ static __always_inline void await_winner(__u32 netns, __u32 dir, const struct tu
 {
 	struct ct_tuple_key k = {};
 	tuple_key(&k, netns, dir, t);
-	struct awaited a = {.qid = qid, .ts = bpf_ktime_get_ns()};
+	struct awaited a = {.qid = qid, .ts = bpf_jiffies64()};
 	bpf_map_update_elem(&unresolved, &k, &a, BPF_ANY);
 }
 
@@ -1023,7 +1034,7 @@ static __always_inline void resolve_late(__u32 netns, __u32 dir, const struct tu
 	if (!a)
 		return;
 	__u64 lq = a->qid;
-	bool recent = bpf_ktime_get_ns() - a->ts < AWAIT_NS;
+	bool recent = within_ms(a->ts, bpf_jiffies64(), AWAIT_MS);
 	bpf_map_delete_elem(&unresolved, &k);
 	if (!recent)
 		return;

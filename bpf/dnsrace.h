@@ -152,6 +152,8 @@ struct config {
 	 * nf_conntrack module's text, where its entries are freed */
 	__u64 ct_free_lo;
 	__u64 ct_free_hi;
+	__u32 hz; /* jiffies a second (the kernel's HZ), measured by the loader */
+	__u32 _pad;
 };
 
 /* Per-CPU counters, indexes of the stats map. Must match event.Stat*. */

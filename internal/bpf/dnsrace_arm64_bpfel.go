@@ -78,6 +78,8 @@ type DnsraceConfig struct {
 	WakeupBytes uint32
 	CtFreeLo    uint64
 	CtFreeHi    uint64
+	Hz          uint32
+	Pad         uint32
 }
 
 type DnsraceConfirmStack struct {

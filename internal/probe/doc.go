@@ -30,6 +30,10 @@
 //     entry's original tuple (see bpf/dnsrace.bpf.c).
 //   - Every map is created once and shared by every program that uses it;
 //     the read-only config (cfg, track_cts) is set per load.
+//   - The programs time their windows (a hop or a resend, a late winner)
+//     in jiffies, cheaper to read than a nanosecond clock; records carry
+//     nanoseconds. TickRate measures the kernel's HZ for cfg, once per
+//     process (100 ms of Open's first call): no kernel config file needed.
 //   - Read drains the ring on a goroutine of its own into a few reused
 //     batches, and decodes them with event.Decode into one reused
 //     event.Event on the calling goroutine: it does not allocate per

@@ -231,6 +231,7 @@ func newLoader(opts Options) (*loader, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("removing the memlock rlimit: %w", err)
 	}
+	go tickRate() // measured while the object is read; load waits for it
 	spec, err := bpf.LoadDnsrace()
 	if err != nil {
 		return nil, fmt.Errorf("loading the embedded BPF object: %w", err)
@@ -329,6 +330,13 @@ func (l *loader) load(progs ...string) (*ebpf.Collection, error) {
 		if !keep[name] {
 			delete(cs.Programs, name)
 		}
+	}
+	if l.cfg.Hz == 0 {
+		hz, err := tickRate()
+		if err != nil {
+			return nil, err
+		}
+		l.cfg.Hz = hz
 	}
 	if err := cs.Variables[bpf.DnsraceVarCfg].Set(l.cfg); err != nil {
 		return nil, fmt.Errorf("setting the BPF config: %w", err)
