@@ -1,12 +1,9 @@
 package doctor
 
 import (
-	"bufio"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 
@@ -15,59 +12,20 @@ import (
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
+
+	"github.com/dnsrace/dnsrace/internal/kconfig"
 )
 
 // kernelConfig returns the value of a CONFIG_ option ("y", "m", "n" for
-// "is not set", "" when unknown) and where it was read.
+// "is not set", "" when unknown) and where it was read, inside the root.
 func (e *env) kernelConfig(opt string, release string) (string, string) {
-	try := func(p string, gz bool) (string, bool) {
+	return kconfig.Lookup(func(p string) (*os.File, error) {
 		real, _, err := resolveIn(e.Root, p)
 		if err != nil {
-			return "", false
+			return nil, err
 		}
-		fh, err := os.Open(real)
-		if err != nil {
-			return "", false
-		}
-		defer fh.Close()
-		var rd io.Reader = fh
-		if gz {
-			z, err := gzip.NewReader(fh)
-			if err != nil {
-				return "", false
-			}
-			defer z.Close()
-			rd = z
-		}
-		return configValue(rd, opt)
-	}
-	if v, ok := try("/proc/config.gz", true); ok {
-		return v, "/proc/config.gz"
-	}
-	if release != "" {
-		p := "/boot/config-" + release
-		if v, ok := try(p, false); ok {
-			return v, p
-		}
-	}
-	return "", ""
-}
-
-// configValue finds opt in kernel config text: its value ("y", "m", a
-// string), "n" when it is "not set" or absent; ok is false when the text
-// could not be read to its end.
-func configValue(r io.Reader, opt string) (string, bool) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		l := sc.Text()
-		if strings.HasPrefix(l, opt+"=") {
-			return strings.TrimPrefix(l, opt+"="), true
-		}
-		if l == "# "+opt+" is not set" {
-			return "n", true
-		}
-	}
-	return "n", sc.Err() == nil
+		return os.Open(real)
+	}, release, opt)
 }
 
 // fentryTrial loads a two-instruction fentry program on

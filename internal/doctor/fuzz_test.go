@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dnsrace/dnsrace/internal/ctstats"
+	"github.com/dnsrace/dnsrace/internal/kconfig"
 )
 
 // Fuzzers for every parser of a file doctor reads from a node (or a dump of
@@ -250,7 +251,7 @@ func FuzzConfigValue(f *testing.F) {
 	f.Add([]byte("# CONFIG_KPROBES is not set\nCONFIG_KPROBES=y\n"))
 	f.Add([]byte("CONFIG_KPROBES=\nCONFIG_KPROBES_ON_FTRACE=y\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		v, ok := configValue(bytes.NewReader(data), "CONFIG_KPROBES")
+		v, ok := kconfig.Value(bytes.NewReader(data), "CONFIG_KPROBES")
 		if ok && v != "n" && !strings.Contains(string(data), "CONFIG_KPROBES="+v) {
 			t.Errorf("value %q is not in the text", v)
 		}
@@ -263,12 +264,12 @@ func FuzzConfigValue(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v2, ok2 := configValue(r, "CONFIG_KPROBES"); v2 != v || ok2 != ok {
+		if v2, ok2 := kconfig.Value(r, "CONFIG_KPROBES"); v2 != v || ok2 != ok {
 			t.Errorf("gzipped: %q %v, plain %q %v", v2, ok2, v, ok)
 		}
 		// And raw bytes taken for gzip: an error, never a panic.
 		if r, err := gzip.NewReader(bytes.NewReader(data)); err == nil {
-			configValue(r, "CONFIG_KPROBES")
+			kconfig.Value(r, "CONFIG_KPROBES")
 		}
 	})
 }

@@ -1,16 +1,14 @@
 package probe
 
 import (
-	"bufio"
-	"compress/gzip"
-	"io"
 	"os"
+	"slices"
 	"strconv"
-	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dnsrace/dnsrace/internal/kconfig"
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
@@ -42,51 +40,23 @@ func TestTickRateIsTheKernels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, where := configHZ(t)
-	if where == "" {
-		t.Logf("measured HZ %d; no kernel config to check it against", got)
-		if got != 100 && got != 250 && got != 300 && got != 1000 {
-			t.Fatalf("measured HZ %d: not a rate x86 or arm64 kernels are built with", got)
-		}
-		return
-	}
-	if got != want {
-		t.Fatalf("measured HZ %d, %s says %d", got, where, want)
-	}
-}
-
-// configHZ reads CONFIG_HZ from /proc/config.gz or /boot/config-$(uname -r);
-// where is "" when neither is there.
-func configHZ(t *testing.T) (hz uint32, where string) {
 	var u unix.Utsname
 	if err := unix.Uname(&u); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{"/proc/config.gz", "/boot/config-" + unix.ByteSliceToString(u.Release[:])} {
-		f, err := os.Open(p)
-		if err != nil {
-			continue
+	v, where := kconfig.Lookup(os.Open, unix.ByteSliceToString(u.Release[:]), "CONFIG_HZ")
+	if where == "" {
+		t.Logf("measured HZ %d; no kernel config to check it against", got)
+		if !slices.Contains(commonRates, float64(got)) {
+			t.Fatalf("measured HZ %d: not a rate x86 or arm64 kernels are built with (%v)", got, commonRates)
 		}
-		defer f.Close()
-		var r io.Reader = f
-		if strings.HasSuffix(p, ".gz") {
-			z, err := gzip.NewReader(f)
-			if err != nil {
-				t.Fatalf("%s: %v", p, err)
-			}
-			r = z
-		}
-		sc := bufio.NewScanner(r)
-		for sc.Scan() {
-			if v, ok := strings.CutPrefix(sc.Text(), "CONFIG_HZ="); ok {
-				n, err := strconv.ParseUint(v, 10, 32)
-				if err != nil {
-					t.Fatalf("%s: CONFIG_HZ=%s: %v", p, v, err)
-				}
-				return uint32(n), p
-			}
-		}
-		t.Fatalf("%s has no CONFIG_HZ", p)
+		return
 	}
-	return 0, ""
+	want, err := strconv.ParseUint(v, 10, 32)
+	if err != nil {
+		t.Fatalf("%s: CONFIG_HZ=%s: %v", where, v, err)
+	}
+	if uint64(got) != want {
+		t.Fatalf("measured HZ %d, %s says %d", got, where, want)
+	}
 }

@@ -1,0 +1,64 @@
+package kconfig
+
+import (
+	"bufio"
+	"compress/gzip"
+	"io"
+	"os"
+	"strings"
+)
+
+// Opener opens a path of the kernel's tree: os.Open, or one that reads
+// inside another root.
+type Opener func(path string) (*os.File, error)
+
+// Lookup returns the value of a CONFIG_ option ("y", "m", a string, "n"
+// when it is not set or absent) and the file it was read from, trying
+// /proc/config.gz, then /boot/config-<release> (skipped when release is
+// ""). Both are "" when neither file can be read.
+func Lookup(open Opener, release, opt string) (value, where string) {
+	try := func(p string, gz bool) (string, bool) {
+		fh, err := open(p)
+		if err != nil {
+			return "", false
+		}
+		defer fh.Close()
+		var rd io.Reader = fh
+		if gz {
+			z, err := gzip.NewReader(fh)
+			if err != nil {
+				return "", false
+			}
+			defer z.Close()
+			rd = z
+		}
+		return Value(rd, opt)
+	}
+	if v, ok := try("/proc/config.gz", true); ok {
+		return v, "/proc/config.gz"
+	}
+	if release != "" {
+		p := "/boot/config-" + release
+		if v, ok := try(p, false); ok {
+			return v, p
+		}
+	}
+	return "", ""
+}
+
+// Value finds opt in kernel config text: its value ("y", "m", a string),
+// "n" when it is "not set" or absent; ok is false when the text could not
+// be read to its end.
+func Value(r io.Reader, opt string) (string, bool) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, opt+"=") {
+			return strings.TrimPrefix(l, opt+"="), true
+		}
+		if l == "# "+opt+" is not set" {
+			return "n", true
+		}
+	}
+	return "n", sc.Err() == nil
+}
