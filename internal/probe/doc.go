@@ -33,7 +33,7 @@
 //   - The programs time their windows (a hop or a resend, a late winner)
 //     in jiffies, cheaper to read than a nanosecond clock; records carry
 //     nanoseconds. TickRate measures the kernel's HZ for cfg, once per
-//     process (100 ms of Open's first call): no kernel config file needed.
+//     process (100 ms of the first Open): no kernel config file needed.
 //   - Read drains the ring on a goroutine of its own into a few reused
 //     batches, and decodes them with event.Decode into one reused
 //     event.Event on the calling goroutine: it does not allocate per

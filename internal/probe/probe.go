@@ -231,7 +231,6 @@ func newLoader(opts Options) (*loader, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("removing the memlock rlimit: %w", err)
 	}
-	go tickRate() // measured while the object is read; load waits for it
 	spec, err := bpf.LoadDnsrace()
 	if err != nil {
 		return nil, fmt.Errorf("loading the embedded BPF object: %w", err)
@@ -249,6 +248,9 @@ func newLoader(opts Options) (*loader, error) {
 			return nil, errors.New("DNS port 0")
 		}
 		cfg.Ports[i] = p
+	}
+	if cfg.Hz, err = tickRate(); err != nil {
+		return nil, err
 	}
 	l := &loader{t: &Tracer{maps: map[string]*ebpf.Map{}}, spec: spec, kspec: kspec, opts: opts, cfg: cfg, cache: cache}
 	if opts.KernelBTF != "" {
@@ -330,13 +332,6 @@ func (l *loader) load(progs ...string) (*ebpf.Collection, error) {
 		if !keep[name] {
 			delete(cs.Programs, name)
 		}
-	}
-	if l.cfg.Hz == 0 {
-		hz, err := tickRate()
-		if err != nil {
-			return nil, err
-		}
-		l.cfg.Hz = hz
 	}
 	if err := cs.Variables[bpf.DnsraceVarCfg].Set(l.cfg); err != nil {
 		return nil, fmt.Errorf("setting the BPF config: %w", err)
