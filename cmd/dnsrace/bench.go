@@ -42,7 +42,10 @@ case whose traced rounds lost records, or (DNS floods) did not follow more
 than 1% of the answers the flood read to their queries, reports no ratio
 ("invalid"), and --smoke fails on it. With two rounds or more each case
 also shows its lowest and highest ratio of one round: two runs that differ
-by less than that differ by the machine's noise, not the tracer.
+by less than that differ by the machine's noise, not the tracer. Each
+valid case also gives the whole machine's busy CPU time (/proc/stat) per
+packet, query or loop, untraced and traced: what tracing adds to a unit
+in microseconds, and how much of that the target's ratio allows.
 --memory instead feeds synthetic unanswered queries to the correlator in
 this process and reports its memory. --prog-stats turns on the kernel's
 BPF run-time accounting (Linux 5.8+) during the traced floods and reports

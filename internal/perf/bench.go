@@ -176,6 +176,14 @@ type CaseResult struct {
 	Programs     []ProgStat `json:"bpf_programs,omitempty"`
 	TracedUnits  float64    `json:"traced_units,omitempty"`
 	KernelNsUnit float64    `json:"kernel_ns_per_unit,omitempty"`
+	// The whole machine's busy CPU time (every process, the kernel's
+	// softirqs, the tracer) per packet, query or loop counted, untraced and
+	// traced: what tracing adds to a unit in microseconds, against the
+	// budget the target's ratio allows. Not set for an invalid case.
+	UntracedCPUUs float64 `json:"machine_cpu_us_per_unit_untraced,omitempty"`
+	TracedCPUUs   float64 `json:"machine_cpu_us_per_unit_traced,omitempty"`
+	// With Config.Floor: the same for the hooks-only rounds.
+	HooksOnlyCPUUs float64 `json:"machine_cpu_us_per_unit_hooks_only,omitempty"`
 }
 
 // Step is one rate of the capacity search: paced DNS queries from pod0
@@ -345,6 +353,7 @@ type measured struct {
 	secs      float64
 	cpu       time.Duration
 	cpuSecs   float64
+	busy      time.Duration // the machine's, over the flood
 	rss, hwm  uint64
 	sum       *TraceSummary
 	incidents int
@@ -400,6 +409,10 @@ func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, kin
 	if tp != nil {
 		cpu0, _ = procCPU(tp.pid())
 	}
+	busy0, err := machineBusy()
+	if err != nil {
+		return m, err
+	}
 	t0 := time.Now()
 	if c.Syscall != "" {
 		n, err := syscallLoop(ctx, c.Syscall, h.cfg.Duration)
@@ -418,6 +431,11 @@ func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, kin
 		}
 		m.flood, m.received, m.secs = fr, s.Received()-r0, fc.Duration.Seconds()
 	}
+	busy1, err := machineBusy()
+	if err != nil {
+		return m, err
+	}
+	m.busy = busy1 - busy0
 	if tp != nil {
 		cpu1, _ := procCPU(tp.pid())
 		if progs0 != nil {
@@ -467,7 +485,7 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 	// Per kind of round: each round's rate, and the units and seconds of
 	// all its rounds.
 	perRound := [...]*[]float64{untraced: &r.UntracedPPS, traced: &r.TracedPPS, hooksOnly: &r.HooksOnlyPPS}
-	var units, secs [len(perRound)]float64
+	var units, secs, busy [len(perRound)]float64
 	var cpu, cpuS float64
 	var answers uint64 // read by the floods of the traced rounds
 	for round := range h.cfg.Rounds {
@@ -480,6 +498,7 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 			*perRound[kind] = append(*perRound[kind], pps)
 			units[kind] += float64(m.received)
 			secs[kind] += m.secs
+			busy[kind] += m.busy.Seconds()
 			switch kind {
 			case hooksOnly:
 				r.EventsLost += m.sum.EventsLost // none: nothing is sent
@@ -505,6 +524,13 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 	if r.Untraced > 0 && !r.Invalid {
 		r.Ratio = r.Traced / r.Untraced
 		r.RatioRange = roundRatios(r.UntracedPPS, r.TracedPPS)
+		if units[untraced] > 0 && units[traced] > 0 {
+			r.UntracedCPUUs = busy[untraced] / units[untraced] * 1e6
+			r.TracedCPUUs = busy[traced] / units[traced] * 1e6
+		}
+		if units[hooksOnly] > 0 {
+			r.HooksOnlyCPUUs = busy[hooksOnly] / units[hooksOnly] * 1e6
+		}
 	}
 	if secs[hooksOnly] > 0 && r.Untraced > 0 {
 		r.HooksOnly = units[hooksOnly] / secs[hooksOnly]
@@ -639,6 +665,11 @@ func WriteText(w io.Writer, r *Result) {
 			}
 		}
 		for _, c := range r.Cases {
+			if l := cpuPerUnitLine(c); l != "" {
+				fmt.Fprintf(w, "%-13s %s\n", c.Name, l)
+			}
+		}
+		for _, c := range r.Cases {
 			if c.Skipped > 0 {
 				fmt.Fprintf(w, "%-13s the kernel skipped %d hook calls of the tracer (recursion misses)\n", c.Name, c.Skipped)
 			}
@@ -691,4 +722,21 @@ func Problems(r *Result) []string {
 		}
 	}
 	return p
+}
+
+// cpuPerUnitLine says what tracing cost each unit of a case in the
+// machine's CPU time, and how much the case's target leaves it: traced /
+// untraced >= target holds while the traced cost per unit stays under
+// untraced / target.
+func cpuPerUnitLine(c CaseResult) string {
+	if c.UntracedCPUUs <= 0 || c.TracedCPUUs <= 0 {
+		return ""
+	}
+	u := unitOf(c)
+	hooks := ""
+	if c.HooksOnlyCPUUs > 0 {
+		hooks = fmt.Sprintf(" (the hooks alone %.2f)", c.HooksOnlyCPUUs-c.UntracedCPUUs)
+	}
+	return fmt.Sprintf("machine CPU per %s: %.2f µs untraced, %.2f traced: tracing costs %.2f µs a %s%s, the target leaves %.2f",
+		u, c.UntracedCPUUs, c.TracedCPUUs, c.TracedCPUUs-c.UntracedCPUUs, u, hooks, c.UntracedCPUUs*(1/c.Target-1))
 }

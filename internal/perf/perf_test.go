@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 )
@@ -178,5 +179,58 @@ func TestRatioRangeShown(t *testing.T) {
 	if !strings.Contains(out.String(), "dns-forward   round by round 0.702 to 0.864 (3 rounds): a difference within that is noise") ||
 		strings.Contains(out.String(), "udp-forward   round by round") {
 		t.Errorf("text:\n%s", out.String())
+	}
+}
+
+// TestParseBusy: busy is user, nice, system, irq and softirq; idle,
+// iowait and steal are not.
+func TestParseBusy(t *testing.T) {
+	stat := []byte("cpu  100 20 30 5000 40 6 7 800 0 0\ncpu0 50 10 15 2500 20 3 4 400 0 0\n")
+	got, err := parseBusy(stat)
+	if want := 163 * time.Second / clkTck; err != nil || got != want {
+		t.Errorf("parseBusy = %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7\n", "cpu 1 2 3\n", "cpu 1 x 3 4 5 6 7\n"} {
+		if _, err := parseBusy([]byte(bad)); err == nil {
+			t.Errorf("parseBusy(%q): no error", bad)
+		}
+	}
+}
+
+// TestMachineBusyCountsWork: this machine's busy time grows while this
+// process spins.
+func TestMachineBusyCountsWork(t *testing.T) {
+	b0, err := machineBusy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c0, _ := procCPU(0)
+	for c, _ := procCPU(0); c-c0 < 300*time.Millisecond; c, _ = procCPU(0) {
+	}
+	b1, err := machineBusy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b1-b0 < 200*time.Millisecond {
+		t.Errorf("300 ms of this process's CPU, machine busy grew %v", b1-b0)
+	}
+}
+
+// TestCPUPerUnitShown: the text gives what tracing cost a unit and what
+// the target leaves it; a case without the figures (invalid) gets no line.
+func TestCPUPerUnitShown(t *testing.T) {
+	var out bytes.Buffer
+	WriteText(&out, &Result{Cases: []CaseResult{
+		{Name: "dns-forward", DNS: true, Path: "forward", Target: 0.90, Untraced: 100, Traced: 70, Ratio: 0.7,
+			UntracedCPUUs: 10.8, TracedCPUUs: 15.3},
+		{Name: "udp-forward", Path: "forward", Target: 0.98, Untraced: 100, Traced: 90, Ratio: 0.9,
+			UntracedCPUUs: 8, TracedCPUUs: 9, HooksOnlyCPUUs: 8.25},
+		{Name: "dns-loopback", DNS: true, Target: 0.90, Invalid: true, EventsLost: 3},
+	}})
+	want := "dns-forward   machine CPU per query: 10.80 µs untraced, 15.30 traced: tracing costs 4.50 µs a query, the target leaves 1.20"
+	hooks := "udp-forward   machine CPU per packet: 8.00 µs untraced, 9.00 traced: tracing costs 1.00 µs a packet (the hooks alone 0.25), the target leaves 0.16"
+	if !strings.Contains(out.String(), want) || !strings.Contains(out.String(), hooks) ||
+		strings.Contains(out.String(), "dns-loopback  machine CPU") {
+		t.Errorf("text:\n%s\nwant lines %q and %q", out.String(), want, hooks)
 	}
 }

@@ -70,3 +70,33 @@ func procMem(pid int) (rss, hwm uint64, err error) {
 	}
 	return rss, hwm, nil
 }
+
+// machineBusy returns the CPU time every CPU of the machine has spent
+// running anything (user, nice, system, irq, softirq; guest time is inside
+// user), from the first line of /proc/stat. Idle, iowait and steal (time
+// the hypervisor gave to someone else) are not busy.
+func machineBusy() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	return parseBusy(b)
+}
+
+func parseBusy(stat []byte) (time.Duration, error) {
+	line, _, _ := bytes.Cut(stat, []byte("\n"))
+	f := strings.Fields(string(line))
+	// cpu user nice system idle iowait irq softirq ...
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: unexpected first line %q", line)
+	}
+	var busy uint64
+	for _, i := range []int{1, 2, 3, 6, 7} {
+		n, err := strconv.ParseUint(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: field %d: %w", i, err)
+		}
+		busy += n
+	}
+	return time.Duration(busy) * time.Second / clkTck, nil
+}

@@ -151,12 +151,16 @@ func progLine(ps []ProgStat, units float64, unit string) string {
 
 // caseProgLine is progLine for a cost case, per unit its sink counted.
 func caseProgLine(c CaseResult) string {
-	unit := "packet"
+	return progLine(c.Programs, c.TracedUnits, unitOf(c))
+}
+
+// unitOf names what a case counts.
+func unitOf(c CaseResult) string {
 	switch {
 	case c.Path == "syscall":
-		unit = "loop"
+		return "loop"
 	case c.DNS:
-		unit = "query"
+		return "query"
 	}
-	return progLine(c.Programs, c.TracedUnits, unit)
+	return "packet"
 }
