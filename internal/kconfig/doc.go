@@ -5,5 +5,5 @@
 // same code reads the node's own files (os.Open) or a host tree mounted
 // elsewhere (doctor's root, /host in a debug pod). It never fails: a file
 // that cannot be opened or read to its end is skipped, and no readable
-// file gives an empty answer.
+// file gives an empty answer. Release names the running kernel for it.
 package kconfig

@@ -6,7 +6,19 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
+
+// Release is the running kernel's release (uname -r), the one Lookup's
+// /boot/config-<release> names; "" when uname fails.
+func Release() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
 
 // Opener opens a path of the kernel's tree: os.Open, or one that reads
 // inside another root.

@@ -4,6 +4,7 @@ import (
 	"compress/gzip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -63,5 +64,16 @@ func TestLookup(t *testing.T) {
 	write(t, dir, "/proc/config.gz", "CONFIG_HZ=1000\n", false)
 	if v, where := Lookup(open, "6.1.0-1", "CONFIG_HZ"); v != "250" || where != "/boot/config-6.1.0-1" {
 		t.Errorf("with a /proc/config.gz that is not gzip: %q from %q", v, where)
+	}
+}
+
+// TestRelease: the running kernel's release, as /proc names it too.
+func TestRelease(t *testing.T) {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		t.Skip(err)
+	}
+	if got, want := Release(), strings.TrimSpace(string(b)); got != want {
+		t.Errorf("Release() = %q, /proc/sys/kernel/osrelease says %q", got, want)
 	}
 }

@@ -9,10 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/dnsrace/dnsrace/internal/ctstats"
 	"github.com/dnsrace/dnsrace/internal/dnsserver"
+	"github.com/dnsrace/dnsrace/internal/kconfig"
 	"github.com/dnsrace/dnsrace/internal/nsutil"
 )
 
@@ -256,11 +255,10 @@ func (r *Report) summarize() {
 }
 
 func kernelRelease() string {
-	var u unix.Utsname
-	if unix.Uname(&u) != nil {
-		return "unknown"
+	if r := kconfig.Release(); r != "" {
+		return r
 	}
-	return unix.ByteSliceToString(u.Release[:])
+	return "unknown"
 }
 
 // RunConfig is one complete run: build, drive, measure, tear down.

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
+	"github.com/dnsrace/dnsrace/internal/kconfig"
 	"github.com/dnsrace/dnsrace/internal/lab"
 	"github.com/dnsrace/dnsrace/internal/nsutil"
 )
@@ -233,7 +233,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Exe == "" {
 		return nil, errors.New("perf: Config.Exe (a dnsrace binary) is required")
 	}
-	res := &Result{Kernel: kernelRelease(), CPUs: runtime.NumCPU(), Tier: cfg.Attach, Duration: cfg.Duration.Seconds()}
+	res := &Result{Kernel: kconfig.Release(), CPUs: runtime.NumCPU(), Tier: cfg.Attach, Duration: cfg.Duration.Seconds()}
 	topo := lab.Topology{Prefix: cfg.Prefix, Pods: 2, Backends: 2}
 	_ = lab.Teardown(cfg.Prefix) // a crashed earlier run
 	l, err := lab.Up(topo, lab.ServerConfig{})
@@ -282,14 +282,6 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-func kernelRelease() string {
-	var u unix.Utsname
-	if unix.Uname(&u) != nil {
-		return ""
-	}
-	return unix.ByteSliceToString(u.Release[:])
 }
 
 // addSinkAddr gives the dns namespace's eth0 SinkAddr.

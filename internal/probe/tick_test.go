@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/dnsrace/dnsrace/internal/kconfig"
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
@@ -40,11 +38,7 @@ func TestTickRateIsTheKernels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		t.Fatal(err)
-	}
-	v, where := kconfig.Lookup(os.Open, unix.ByteSliceToString(u.Release[:]), "CONFIG_HZ")
+	v, where := kconfig.Lookup(os.Open, kconfig.Release(), "CONFIG_HZ")
 	if where == "" {
 		t.Logf("measured HZ %d; no kernel config to check it against", got)
 		if !slices.Contains(commonRates, float64(got)) {
