@@ -9,8 +9,9 @@ import (
 	"time"
 )
 
-// clkTck is USER_HZ, the unit of utime and stime in /proc/PID/stat (100 on
-// every Linux architecture dnsrace builds for).
+// clkTck is USER_HZ, the unit of utime and stime in /proc/PID/stat and of
+// the CPU times in /proc/stat (100 on every Linux architecture dnsrace
+// builds for).
 const clkTck = 100
 
 // procCPU returns utime+stime of a process (pid 0: this one).
