@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/dnsrace/dnsrace/internal/perf"
+	"github.com/dnsrace/dnsrace/internal/runcost"
 )
 
 func init() {
@@ -88,6 +89,8 @@ func runBench(ctx context.Context, args []string) error {
 		queries    = fs.Int("queries", 1_000_000, "unanswered queries fed by --memory")
 		maxQueries = fs.Int("max-queries", 0, "--memory: the correlator's cap on queries in flight (default: its default)")
 		floor      = fs.Bool("floor", false, "add rounds with the tracer's programs emptied, at the same hooks: the cost of the hooks alone")
+		runCost    = fs.Bool("run-cost", false, "measure what one BPF program run costs on this kernel: a trivial program on a tracepoint this process fires, with and without kernel.bpf_stats_enabled (no lab, no tracer)")
+		iterations = fs.Uint64("iterations", 1_000_000, "--run-cost: firings of the tracepoint per variant and round")
 		progStats  = fs.Bool("prog-stats", false, "report the kernel time of each of the tracer's BPF programs during the traced floods (kernel BPF run-time accounting, Linux 5.8+)")
 	)
 	_ = fs.MarkHidden("tracer-arg")
@@ -110,6 +113,9 @@ func runBench(ctx context.Context, args []string) error {
 		}
 		perf.WriteMemoryText(os.Stdout, r)
 		return nil
+	}
+	if *runCost {
+		return benchRunCost(*rounds, *iterations, *jsonOut)
 	}
 	if *duration <= 0 || *rounds <= 0 || *sockets <= 0 {
 		return usagef("--duration, --rounds and --sockets must be positive")
@@ -168,6 +174,34 @@ func runBench(ctx context.Context, args []string) error {
 		}
 		fmt.Fprintln(os.Stderr, "dnsrace bench: smoke ok: no record lost in the floods or at 2000 queries/s, every flood's answers followed")
 	}
+	return nil
+}
+
+// benchRunCost is bench --run-cost.
+func benchRunCost(rounds int, iterations uint64, jsonOut bool) error {
+	if rounds <= 0 || iterations == 0 {
+		return usagef("--rounds and --iterations must be positive")
+	}
+	if err := requireRoot("dnsrace bench --run-cost"); err != nil {
+		return err
+	}
+	m := runcost.ReadMachine()
+	c, err := runcost.MeasureCall(int(min(iterations, 10_000_000)), rounds)
+	if err != nil {
+		return err
+	}
+	res, err := runcost.Measure(runcost.Config{Iterations: iterations, Rounds: rounds})
+	if err != nil {
+		return err
+	}
+	if jsonOut {
+		return writeJSON(struct {
+			Machine runcost.Machine  `json:"machine"`
+			Call    runcost.Call     `json:"call"`
+			Results []runcost.Result `json:"results"`
+		}{m, c, res})
+	}
+	runcost.WriteText(os.Stdout, m, c, res)
 	return nil
 }
 
