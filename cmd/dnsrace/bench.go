@@ -91,7 +91,8 @@ func runBench(ctx context.Context, args []string) error {
 		floor      = fs.Bool("floor", false, "add rounds with the tracer's programs emptied, at the same hooks: the cost of the hooks alone")
 		runCost    = fs.Bool("run-cost", false, "measure what one BPF program run costs on this kernel: a trivial program on a tracepoint this process fires, with and without kernel.bpf_stats_enabled (no lab, no tracer)")
 		iterations = fs.Uint64("iterations", 1_000_000, "--run-cost: firings of the tracepoint per variant and round")
-		progStats  = fs.Bool("prog-stats", false, "report the kernel time of each of the tracer's BPF programs during the traced floods (kernel BPF run-time accounting, Linux 5.8+)")
+		countDur   = fs.Duration("count-duration", 2*time.Second, "length of each case in the count pass (BPF program runs per unit, with the kernel's run-time statistics on for that pass only)")
+		countOnly  = fs.Bool("count-only", false, "run the count pass alone: BPF program runs per unit of every case, no timing (counts hold under emulation)")
 	)
 	_ = fs.MarkHidden("tracer-arg")
 	if err := fs.Parse(args); err != nil {
@@ -148,7 +149,7 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	cfg := perf.Config{
 		Exe: exe, Duration: *duration, Rounds: *rounds, Sockets: *sockets, Rates: *rates,
-		Cases: *cases, SkipCost: *skipCost, SkipCapacity: *skipCap, RingBufferSize: *ring, Attach: *attach, TracerArgs: *tracerArgs, ProgStats: *progStats, Floor: *floor, Log: os.Stderr,
+		Cases: *cases, SkipCost: *skipCost, SkipCapacity: *skipCap, RingBufferSize: *ring, Attach: *attach, TracerArgs: *tracerArgs, CountDuration: *countDur, CountOnly: *countOnly, Floor: *floor, Log: os.Stderr,
 	}
 	if *smoke {
 		cfg.Duration, cfg.Rounds, cfg.Rates = 2*time.Second, 1, []int{2000}

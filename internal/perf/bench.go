@@ -63,10 +63,16 @@ type Config struct {
 	Attach string
 	// TracerArgs are more arguments for the tracer.
 	TracerArgs []string
-	// ProgStats turns on the kernel's BPF run-time accounting during the
-	// traced floods and reports the time each of the tracer's programs
-	// took (the accounting adds two clock reads to every program run).
-	ProgStats bool
+	// CountDuration is the length of each case's flood or loop in the
+	// count pass (default 2s): one tracer for every case, the kernel's BPF
+	// run-time statistics on for that pass only (never while timing), each
+	// program's run_cnt read before and after each case.
+	CountDuration time.Duration
+	// CountOnly runs the count pass alone: no timed rounds, no capacity.
+	// Counts hold under emulation, where timings do not.
+	CountOnly bool
+	// SkipCount leaves the count pass out.
+	SkipCount bool
 	// Floor adds a third kind of round to each cost case: the tracer with
 	// every program emptied ("return 0", trace --empty-programs), attached
 	// at the same hooks. Its ratio is what the hooks alone cost this
@@ -101,6 +107,9 @@ func (c *Config) defaults() {
 	if c.Attach == "" {
 		c.Attach = "tracepoint"
 	}
+	if c.CountDuration == 0 {
+		c.CountDuration = 2 * time.Second
+	}
 }
 
 // Case is one cost measurement: an unpaced flood along one path, counted
@@ -113,17 +122,30 @@ type Case struct {
 	DNS     bool
 	// Syscall names a loop of syscallLoops instead of a flood.
 	Syscall string
+	// Target is the lowest traced/untraced ratio the case should keep.
+	Target float64
 }
 
 // Cases are the cost cases, in the order they run.
 var Cases = []Case{
-	{Name: "udp-forward", Forward: true},
-	{Name: "udp-loopback"},
-	{Name: "dns-forward", Forward: true, DNS: true},
-	{Name: "dns-loopback", DNS: true},
-	{Name: "syscall-fork", Syscall: "fork"},
-	{Name: "syscall-open", Syscall: "open"},
-	{Name: "syscall-mmap", Syscall: "mmap"},
+	{Name: "udp-forward", Forward: true, Target: 0.95},
+	{Name: "udp-loopback", Target: 0.95},
+	{Name: "dns-forward", Forward: true, DNS: true, Target: 0.80},
+	{Name: "dns-loopback", DNS: true, Target: 0.80},
+	{Name: "syscall-fork", Syscall: "fork", Target: 0.99},
+	{Name: "syscall-open", Syscall: "open", Target: 0.97},
+	{Name: "syscall-mmap", Syscall: "mmap", Target: 0.99},
+}
+
+// path is the case's path: forward, loopback or syscall.
+func (c Case) path() string {
+	switch {
+	case c.Syscall != "":
+		return "syscall"
+	case c.Forward:
+		return "forward"
+	}
+	return "loopback"
 }
 
 // CaseResult is the outcome of one Case.
@@ -170,12 +192,8 @@ type CaseResult struct {
 	Unfollowed      uint64  `json:"answers_unfollowed,omitempty"`
 	RecordsPerQuery float64 `json:"records_per_answered_query,omitempty"`
 	BytesPerQuery   float64 `json:"bytes_per_answered_query,omitempty"`
-	// With Config.ProgStats: the tracer's programs over the traced rounds,
-	// the packets (queries, loops) those rounds counted, and the programs'
-	// time per unit.
-	Programs     []ProgStat `json:"bpf_programs,omitempty"`
-	TracedUnits  float64    `json:"traced_units,omitempty"`
-	KernelNsUnit float64    `json:"kernel_ns_per_unit,omitempty"`
+	// The count pass: every program's runs over the case's units.
+	Runs *Runs `json:"runs,omitempty"`
 	// The whole machine's busy CPU time (every process, the kernel's
 	// softirqs, the tracer) per packet, query or loop counted, untraced and
 	// traced: what tracing adds to a unit in microseconds, against the
@@ -208,10 +226,6 @@ type Step struct {
 	// Reached is false when the generator could not send the rate (the
 	// machine ran out of CPU before the tracer lost anything).
 	Reached bool `json:"reached"`
-	// With Config.ProgStats: the tracer's programs, and their time per
-	// answered query.
-	Programs       []ProgStat `json:"bpf_programs,omitempty"`
-	KernelNsPerQry float64    `json:"kernel_ns_per_answered_query,omitempty"`
 }
 
 // Result is a whole run.
@@ -245,16 +259,34 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	h := &harness{cfg: cfg, topo: topo}
+	var cases []Case
+	for _, c := range Cases {
+		if len(cfg.Cases) == 0 || contains(cfg.Cases, c.Name) {
+			cases = append(cases, c)
+		}
+	}
+	if cfg.CountOnly {
+		cfg.SkipCost, cfg.SkipCapacity, cfg.SkipCount = true, true, false
+		for _, c := range cases {
+			res.Cases = append(res.Cases, CaseResult{Name: c.Name, Path: c.path(), DNS: c.DNS})
+		}
+	}
 	if !cfg.SkipCost {
-		for _, c := range Cases {
-			if len(cfg.Cases) > 0 && !contains(cfg.Cases, c.Name) {
-				continue
-			}
+		for _, c := range cases {
 			r, err := h.cost(ctx, c)
 			if err != nil {
 				return res, fmt.Errorf("case %s: %w", c.Name, err)
 			}
 			res.Cases = append(res.Cases, r)
+		}
+	}
+	if !cfg.SkipCount && len(res.Cases) > 0 {
+		runs, err := h.count(ctx, cases)
+		if err != nil {
+			return res, fmt.Errorf("count pass: %w", err)
+		}
+		for i := range res.Cases {
+			res.Cases[i].Runs = runs[i]
 		}
 	}
 	if !cfg.SkipCapacity {
@@ -349,7 +381,29 @@ type measured struct {
 	rss, hwm  uint64
 	sum       *TraceSummary
 	incidents int
-	progs     []ProgStat
+}
+
+// drive runs one flood against s (or, with s nil, the case's system call
+// loop) for fc.Duration and fills m's flood, received and secs.
+func (h *harness) drive(ctx context.Context, c Case, s *Sink, fc FloodConfig, m *measured) error {
+	if c.Syscall != "" {
+		n, err := syscallLoop(ctx, c.Syscall, fc.Duration)
+		if err != nil {
+			return err
+		}
+		m.received, m.secs = n, fc.Duration.Seconds()
+		return nil
+	}
+	r0 := s.Received()
+	fr, err := Flood(ctx, fc)
+	if err != nil {
+		return err
+	}
+	if !fc.ReadAnswers {
+		time.Sleep(100 * time.Millisecond) // in-flight packets reach the sink
+	}
+	m.flood, m.received, m.secs = fr, s.Received()-r0, fc.Duration.Seconds()
+	return nil
 }
 
 // roundKind is what runs beside one flood.
@@ -387,17 +441,6 @@ func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, kin
 	}
 	time.Sleep(200 * time.Millisecond) // settle
 	var cpu0 time.Duration
-	var progs0 progCounts
-	if kind == traced && h.cfg.ProgStats {
-		stats, err := enableProgStats()
-		if err != nil {
-			return m, err
-		}
-		defer stats.Close()
-		if progs0, err = readProgCounts(); err != nil {
-			return m, err
-		}
-	}
 	if tp != nil {
 		cpu0, _ = procCPU(tp.pid())
 	}
@@ -406,22 +449,8 @@ func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, kin
 		return m, err
 	}
 	t0 := time.Now()
-	if c.Syscall != "" {
-		n, err := syscallLoop(ctx, c.Syscall, h.cfg.Duration)
-		if err != nil {
-			return m, err
-		}
-		m.received, m.secs = n, h.cfg.Duration.Seconds()
-	} else {
-		r0 := s.Received()
-		fr, err := Flood(ctx, fc)
-		if err != nil {
-			return m, err
-		}
-		if !fc.ReadAnswers {
-			time.Sleep(100 * time.Millisecond) // in-flight packets reach the sink
-		}
-		m.flood, m.received, m.secs = fr, s.Received()-r0, fc.Duration.Seconds()
+	if err := h.drive(ctx, c, s, fc, &m); err != nil {
+		return m, err
 	}
 	busy1, err := machineBusy()
 	if err != nil {
@@ -430,13 +459,6 @@ func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, kin
 	m.busy = busy1 - busy0
 	if tp != nil {
 		cpu1, _ := procCPU(tp.pid())
-		if progs0 != nil {
-			progs1, err := readProgCounts()
-			if err != nil {
-				return m, err
-			}
-			m.progs = progDelta(progs0, progs1)
-		}
 		m.cpu, m.cpuSecs = cpu1-cpu0, time.Since(t0).Seconds()
 		m.rss, m.hwm, _ = procMem(tp.pid())
 		sum, inc, err := tp.stop()
@@ -450,19 +472,7 @@ func (h *harness) once(ctx context.Context, c Case, s *Sink, fc FloodConfig, kin
 }
 
 func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
-	r := CaseResult{Name: c.Name, Path: "loopback", DNS: c.DNS, Rounds: h.cfg.Rounds, Target: 0.98}
-	switch {
-	case c.Syscall != "":
-		r.Path, r.Target = "syscall", 0.97
-		if h.cfg.Attach == "fentry" || h.cfg.Attach == "kprobe" {
-			r.Target = 0.99
-		}
-	case c.Forward:
-		r.Path = "forward"
-	}
-	if c.DNS {
-		r.Target = 0.90
-	}
+	r := CaseResult{Name: c.Name, Path: c.path(), DNS: c.DNS, Rounds: h.cfg.Rounds, Target: c.Target}
 	var s *Sink
 	var fc FloodConfig
 	if c.Syscall == "" {
@@ -506,7 +516,6 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 					r.Unfollowed += m.flood.Answers - m.sum.Queries.Answered
 				}
 				answers += m.flood.Answers
-				r.Programs = addProgs(r.Programs, m.progs)
 			}
 			h.logf("  %-13s round %d %-8s %10.0f /s (sent %d)", c.Name, round+1, kind, pps, m.flood.Sent)
 		}
@@ -530,10 +539,6 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 	}
 	if cpuS > 0 {
 		r.TracerCPU = cpu / cpuS
-	}
-	if tr := units[traced]; tr > 0 && len(r.Programs) > 0 {
-		r.TracedUnits = tr
-		r.KernelNsUnit = float64(progTime(r.Programs)) / tr
 	}
 	if r.Answered > 0 {
 		r.RecordsPerQuery = float64(r.Events) / float64(r.Answered)
@@ -582,9 +587,6 @@ func (h *harness) step(ctx context.Context, rate int) (Step, error) {
 	st.TracerCPU = m.cpu.Seconds() / m.cpuSecs
 	st.RSS, st.PeakRSS = m.rss, m.hwm
 	st.Reached = st.Sent >= 0.95*float64(rate)
-	if st.Programs = m.progs; st.Answered > 0 && len(m.progs) > 0 {
-		st.KernelNsPerQry = float64(progTime(m.progs)) / float64(st.Answered)
-	}
 	h.logf("  capacity %7d/s: sent %.0f/s, received %.0f/s, answers %.0f/s, events %d (%.0f/s), lost %d, tracer %.2f cores, RSS %.1f MB",
 		rate, st.Sent, st.Received, st.Answers, st.Events, st.EventsPS, st.Lost, st.TracerCPU, float64(st.RSS)/1e6)
 	return st, nil
@@ -666,13 +668,9 @@ func WriteText(w io.Writer, r *Result) {
 				fmt.Fprintf(w, "%-13s the kernel skipped %d hook calls of the tracer (recursion misses)\n", c.Name, c.Skipped)
 			}
 		}
-		for _, c := range r.Cases {
-			if l := caseProgLine(c); l != "" {
-				fmt.Fprintf(w, "%-13s %s\n", c.Name, l)
-			}
-		}
 		fmt.Fprintln(w)
 	}
+	writeRuns(w, r)
 	if len(r.Capacity) > 0 {
 		fmt.Fprintf(w, "%9s %10s %10s %10s %10s %8s %9s %9s %8s\n", "rate", "sent/s", "recv/s", "answers/s", "records/s", "lost", "queries", "CPU", "RSS MB")
 		for _, s := range r.Capacity {
@@ -683,11 +681,6 @@ func WriteText(w io.Writer, r *Result) {
 		for _, s := range r.Capacity {
 			if s.Skipped > 0 {
 				fmt.Fprintf(w, "%9d the kernel skipped %d hook calls of the tracer (recursion misses)\n", s.Rate, s.Skipped)
-			}
-		}
-		for _, s := range r.Capacity {
-			if l := progLine(s.Programs, float64(s.Answered), "answered query"); l != "" {
-				fmt.Fprintf(w, "%9d %s\n", s.Rate, l)
 			}
 		}
 	}

@@ -72,16 +72,22 @@ func TestProgDelta(t *testing.T) {
 	if len(sum) != 2 || sum[0].Name != "tp_c" || sum[1].Runs != 40 || sum[1].NsPerRun != 150 {
 		t.Fatalf("sum %+v, want tp_c first (most time), then tp_a with 40 runs at 150 ns", sum)
 	}
-	want := "kernel 1500 ns per query: tp_c 9000 ns x 0.10, tp_a 150 ns x 4.00 (2 recursion misses)"
-	if got := progLine(sum, 10, "query"); got != want {
-		t.Errorf("progLine:\n got %q\nwant %q", got, want)
+	r := &Runs{Unit: "query", Units: 10, Programs: sum}
+	for _, p := range sum {
+		r.PerUnit += float64(p.Runs) / r.Units
 	}
-	if got := progLine(nil, 10, "query"); got != "" {
-		t.Errorf("no programs: %q", got)
+	want := "4.10 runs per query: tp_c 0.10 (9000 ns), tp_a 4.00 (150 ns)"
+	if got := runsLine(r); got != want {
+		t.Errorf("runsLine:\n got %q\nwant %q", got, want)
 	}
-	loops := CaseResult{Path: "syscall", Programs: sum, TracedUnits: 100}
-	if got, want := caseProgLine(loops), "kernel 150 ns per loop: tp_c 9000 ns x 0.01, tp_a 150 ns x 0.40 (2 recursion misses)"; got != want {
-		t.Errorf("caseProgLine:\n got %q\nwant %q", got, want)
+	if got := r.Per("tp_a"); got != 4 {
+		t.Errorf("Per(tp_a) = %v, want 4", got)
+	}
+	if got := r.Per("tp_x"); got != 0 {
+		t.Errorf("Per(tp_x) = %v, want 0", got)
+	}
+	if got := runsLine(&Runs{Unit: "loop", Invalid: true, EventsLost: 7}); got != "invalid: 7 records lost during the pass" {
+		t.Errorf("invalid pass: %q", got)
 	}
 }
 

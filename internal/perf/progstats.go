@@ -6,7 +6,6 @@ import (
 	"io"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -120,38 +119,6 @@ func addProgs(a, b []ProgStat) []ProgStat {
 	}
 	sort.Slice(a, func(i, j int) bool { return a[i].RunTimeNs > a[j].RunTimeNs })
 	return a
-}
-
-// progTime is the programs' total run time in ns.
-func progTime(ps []ProgStat) uint64 {
-	var t uint64
-	for _, s := range ps {
-		t += s.RunTimeNs
-	}
-	return t
-}
-
-// progLine is one line of programs for the text report: per unit (an
-// answered query, a packet), each program's ns per run and runs per unit.
-func progLine(ps []ProgStat, units float64, unit string) string {
-	if len(ps) == 0 || units <= 0 {
-		return ""
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "kernel %.0f ns per %s:", float64(progTime(ps))/units, unit)
-	for _, s := range ps {
-		fmt.Fprintf(&b, " %s %.0f ns x %.2f", s.Name, s.NsPerRun, float64(s.Runs)/units)
-		if s.Recursion > 0 {
-			fmt.Fprintf(&b, " (%d recursion misses)", s.Recursion)
-		}
-		b.WriteString(",")
-	}
-	return strings.TrimSuffix(b.String(), ",")
-}
-
-// caseProgLine is progLine for a cost case, per unit its sink counted.
-func caseProgLine(c CaseResult) string {
-	return progLine(c.Programs, c.TracedUnits, unitOf(c))
 }
 
 // unitOf names what a case counts.

@@ -1,0 +1,164 @@
+package perf
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// Runs is what the count pass measured for one case: how often each of the
+// tracer's programs ran (the kernel's run_cnt, BPF_ENABLE_STATS on for the
+// pass only) per unit of the case. These are counts: they hold on any
+// machine and under emulation, where no timing does.
+type Runs struct {
+	// Unit is what the case counts ("packet": sent by the flood; "query":
+	// answered; "loop": a system call loop's iteration) and Units how many.
+	Unit  string  `json:"unit"`
+	Units float64 `json:"units"`
+	// PerUnit is every program's runs together, per unit.
+	PerUnit float64 `json:"runs_per_unit"`
+	// Programs: each program's runs and time (run_time_ns, which includes
+	// the accounting's own clock reads), busiest first.
+	Programs []ProgStat `json:"programs"`
+	// EventsLost over the whole pass: a pass that lost records did not do
+	// the work it counts, and has no figure (Invalid).
+	EventsLost uint64 `json:"events_lost"`
+	Invalid    bool   `json:"invalid,omitempty"`
+}
+
+// Per returns program name's runs per unit (0 when it did not run).
+func (r *Runs) Per(name string) float64 {
+	if r == nil || r.Units <= 0 {
+		return 0
+	}
+	for _, p := range r.Programs {
+		if p.Name == name {
+			return float64(p.Runs) / r.Units
+		}
+	}
+	return 0
+}
+
+// count is the count pass: one tracer for every case, run-time statistics
+// on, each case's flood or loop for CountDuration, run_cnt read around it.
+func (h *harness) count(ctx context.Context, cases []Case) ([]*Runs, error) {
+	tp, err := startTracer(h.cfg.Exe, time.Duration(len(cases))*(h.cfg.CountDuration+time.Minute), h.tracerArgs())
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if tp != nil {
+			tp.kill()
+		}
+	}()
+	stats, err := enableProgStats()
+	if err != nil {
+		return nil, err
+	}
+	defer stats.Close()
+	out := make([]*Runs, len(cases))
+	for i, c := range cases {
+		r, err := h.countCase(ctx, c)
+		if err != nil {
+			return nil, fmt.Errorf("case %s: %w", c.Name, err)
+		}
+		out[i] = r
+		h.logf("  %-13s count    %8.2f runs per %s over %.0f", c.Name, r.PerUnit, r.Unit, r.Units)
+	}
+	sum, _, err := tp.stop()
+	tp = nil
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range out {
+		r.EventsLost = sum.EventsLost
+		r.Invalid = sum.EventsLost > 0
+	}
+	return out, nil
+}
+
+func (h *harness) countCase(ctx context.Context, c Case) (*Runs, error) {
+	var s *Sink
+	fc := FloodConfig{Duration: h.cfg.CountDuration}
+	if c.Syscall == "" {
+		var err error
+		if s, fc, err = h.sinkFor(c); err != nil {
+			return nil, err
+		}
+		defer s.Close()
+		fc.Duration = h.cfg.CountDuration
+	}
+	time.Sleep(200 * time.Millisecond) // settle
+	before, err := readProgCounts()
+	if err != nil {
+		return nil, err
+	}
+	var m measured
+	if err := h.drive(ctx, c, s, fc, &m); err != nil {
+		return nil, err
+	}
+	after, err := readProgCounts()
+	if err != nil {
+		return nil, err
+	}
+	r := &Runs{Programs: progDelta(before, after)}
+	switch {
+	case c.Syscall != "":
+		r.Unit, r.Units = "loop", float64(m.received)
+	case c.DNS:
+		r.Unit, r.Units = "query", float64(m.flood.Answers)
+	default:
+		r.Unit, r.Units = "packet", float64(m.flood.Sent)
+	}
+	if r.Units > 0 {
+		for _, p := range r.Programs {
+			r.PerUnit += float64(p.Runs)
+		}
+		r.PerUnit /= r.Units
+	}
+	return r, nil
+}
+
+// writeRuns prints the count pass: per case, the runs per unit, program by
+// program with each one's time per run.
+func writeRuns(w io.Writer, res *Result) {
+	any := false
+	for _, c := range res.Cases {
+		if c.Runs != nil {
+			any = true
+		}
+	}
+	if !any {
+		return
+	}
+	fmt.Fprintf(w, "BPF program runs per unit (%s tier; run_cnt with run-time statistics on for this pass only; ns per run include the statistics' two clock reads):\n", res.Tier)
+	for _, c := range res.Cases {
+		fmt.Fprintf(w, "%-13s %s\n", c.Name, runsLine(c.Runs))
+	}
+	fmt.Fprintln(w)
+}
+
+func runsLine(r *Runs) string {
+	if r == nil {
+		return "-"
+	}
+	if r.Invalid {
+		return fmt.Sprintf("invalid: %d records lost during the pass", r.EventsLost)
+	}
+	if r.Units <= 0 {
+		return fmt.Sprintf("no %s counted", r.Unit)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%.2f runs per %s", r.PerUnit, r.Unit)
+	sep := ": "
+	for _, p := range r.Programs {
+		if float64(p.Runs)/r.Units < 0.005 {
+			continue
+		}
+		fmt.Fprintf(&b, "%s%s %.2f (%.0f ns)", sep, p.Name, float64(p.Runs)/r.Units, p.NsPerRun)
+		sep = ", "
+	}
+	return b.String()
+}
