@@ -20,7 +20,11 @@
  * the other): with the conntrack confirm and clash hooks (fentry or kprobe)
  * the verdicts say what happened; in the tracepoint tier the device hooks
  * watch entries get confirmed and keep per-namespace maps of confirmed
- * entries by tuple, which name the winner of a race at the loser's drop.
+ * entries by tuple, which name the winner of a race at the loser's drop,
+ * and a netfilter program just before confirm (6.4+, linked only in the
+ * namespaces that NAT) remembers each query's unconfirmed entry: a later
+ * sight of the query or its answer carrying another entry shows the loser
+ * merged into it (before 6.4: its unconfirmed entry freed, kmem_cache_free).
  */
 #include "vmlinux.h"
 #include "bpf_helpers.h"
@@ -119,8 +123,9 @@ struct flow_key {
 
 struct flow {
 	__u64 qid;
-	__u64 ts;    /* last seen, in jiffies */
-	__u32 netns; /* the asking namespace */
+	__u64 ts;     /* last seen, in jiffies */
+	__u64 pre_ct; /* its entry just before confirm, until a later sight (netfilter program) */
+	__u32 netns;  /* the asking namespace */
 	__u32 _pad;
 };
 
@@ -173,7 +178,7 @@ struct {
 enum ctmark_flags {
 	CTM_CONFIRMED = 1, /* seen confirmed: in ct_tuples */
 	CTM_NAT_CLASH = 2, /* reported as a NAT_CLASH loser */
-	CTM_DROPPED = 4,   /* its packet was dropped: its free is no rescue */
+	CTM_DROPPED = 4,   /* its packet was dropped: its free is no rescue (kmem_cache_free) */
 	CTM_NAT = 8,       /* NAT changed its tuple: answers come by its reply tuple */
 };
 
@@ -762,12 +767,14 @@ static __always_inline bool delete_flow(struct flow_key *k, __u32 netns)
 }
 
 /* new_flow starts a flow (counted in its asking namespace's askers slot)
- * and sends the QUERY record. Its answer is found by its key reversed. */
+ * and sends the QUERY record. pre_ct is the entry the netfilter program saw
+ * just before confirm (0 elsewhere). Its answer is found by its key
+ * reversed. */
 static __always_inline __u64 new_flow(struct flow_key *k, __u32 netns, __u64 payload, __u32 len, bool user,
-				      __u8 tier, __u8 flags)
+				      __u8 tier, __u8 flags, __u64 pre_ct)
 {
 	__u64 qid = new_qid();
-	struct flow f = {.qid = qid, .ts = bpf_jiffies64(), .netns = netns};
+	struct flow f = {.qid = qid, .ts = bpf_jiffies64(), .pre_ct = pre_ct, .netns = netns};
 	count_asker(netns, 1);
 	bpf_map_update_elem(&flows, k, &f, BPF_ANY);
 	/* A lookup sets the entry's reference bit (an insert does not), and
@@ -788,24 +795,30 @@ static __always_inline __u64 new_flow(struct flow_key *k, __u32 netns, __u64 pay
 }
 
 /* track_query returns the qid of the query a packet carries: a flow seen
- * moments ago is a hop of it; otherwise, where the hook may (create), a new
- * query starts here. */
-static __always_inline __u64 track_query(struct seen *s, struct flow_key *k, bool create,
-					 __u8 tier, __u8 flags, __u32 *asker)
+ * moments ago is a hop of it (*fp is the flow); otherwise, where the hook
+ * may (create), a new query starts here (*fp stays NULL). pre_ct, when not
+ * 0, is the packet's unconfirmed entry just before confirm, kept in the
+ * flow for its next sight to compare (check_merge). */
+static __always_inline __u64 track_query(struct seen *s, struct flow_key *k, bool create, __u8 tier, __u8 flags,
+					 __u64 pre_ct, __u32 *asker, struct flow **fp)
 {
 	struct flow *f = lookup_flow(k);
 	__u64 now = bpf_jiffies64();
+	*fp = NULL;
 	/* A resend reuses the socket and the DNS id: only time tells it from
 	 * a hop. */
 	if (f && within_ms(f->ts, now, RESEND_GAP_MS)) {
 		f->ts = now;
+		if (pre_ct)
+			f->pre_ct = pre_ct;
 		*asker = f->netns;
+		*fp = f;
 		return f->qid;
 	}
 	if (!create)
 		return 0;
 	*asker = s->netns;
-	return new_flow(k, s->netns, s->p.payload, s->p.payload_len, false, tier, flags);
+	return new_flow(k, s->netns, s->p.payload, s->p.payload_len, false, tier, flags, pre_ct);
 }
 
 /* What lookup_answer found: the query a response answers and its flow;
@@ -1141,6 +1154,72 @@ static __always_inline void note_ct(struct seen *s, __u64 qid, __u32 asker, __u8
 	resolve_late(s->netns, 0, &s->orig, s->ct, qid, tier);
 }
 
+/* The entry each DNS query packet had just before confirm, by the skb's
+ * address, until the packet's next device: copies of one flow racing (the
+ * same socket and DNS id) each have their own. An entry older than
+ * PRECONFIRM_MS was left by a packet no device saw (a local server took
+ * it), and the skb now at its address is another. */
+struct preconfirm {
+	__u64 ct;
+	__u64 ts; /* jiffies */
+};
+
+/* A packet reaches its device this soon after confirm (a neighbour
+ * resolution may hold it for a while). */
+#define PRECONFIRM_MS 1000
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct preconfirm);
+} preconfirm SEC(".maps");
+
+/* check_merge compares the entry a query's packet (skb, at its next device)
+ * or its answer (skb 0: a query a local server took at LOCAL_IN shows only
+ * by its answer) carries with the one the netfilter program saw on the
+ * query just before confirm: another one means confirm merged the query, a
+ * clash loser, into the winner it carries now (__nf_ct_resolve_clash: the
+ * loser's entry is freed, the skb takes the winner's). The flow's pre_ct
+ * (the last of its packets the program saw) serves the answer; after a
+ * verdict it is forgotten. Not inlined: device() has no stack left for
+ * it. */
+static __noinline void check_merge(struct seen *s, struct flow *f, __u64 qid, const struct flow_key *fk, __u64 skb)
+{
+	__u64 pre;
+	if (skb) {
+		/* this very packet's entry: a copy of the flow racing it has
+		 * its own */
+		struct preconfirm *p = bpf_map_lookup_elem(&preconfirm, &skb);
+		if (!p)
+			return;
+		pre = within_ms(p->ts, bpf_jiffies64(), PRECONFIRM_MS) ? p->ct : 0;
+		bpf_map_delete_elem(&preconfirm, &skb);
+	} else {
+		pre = f->pre_ct;
+	}
+	f->pre_ct = 0;
+	if (!pre || pre == (__u64)s->ct)
+		return;
+	struct event_buf *b = event_buf();
+	if (!b)
+		return;
+	/* The loser is freed: a merge needs its tuples to be the winner's,
+	 * and its address is all that is left of it. */
+	read_ct(&b->r.winner, s->ct);
+	b->r.ct = b->r.winner;
+	b->r.ct.ptr = pre;
+	b->r.ct.status = 0;
+	b->r.flags = RF_WINNER;
+	b->r.pkt.sport = fk->sport;
+	b->r.pkt.dport = fk->dport;
+	b->r.pkt.family = fk->family;
+	b->r.pkt.proto = IPPROTO_UDP;
+	__builtin_memcpy(b->r.pkt.saddr, fk->saddr, 16);
+	__builtin_memcpy(b->r.pkt.daddr, fk->daddr, 16);
+	emit_event(b, EV_MERGED, TIER_TRACEPOINT, qid, s->netns, 0, 0); /* where confirm ran */
+}
+
 /* reply_port_known: a header source port answers of tracked flows use
  * (reply_ports). */
 static __always_inline bool reply_port_known(__u16 port)
@@ -1154,27 +1233,54 @@ static __always_inline bool reply_port_known(__u16 port)
 
 /* device is the body of net_dev_queue (egress: a query may be first seen
  * here) and netif_receive_skb (ingress: never a first sight; answers of
- * NAT in the asking namespace are recognised by a known reply port). */
+ * NAT in the asking namespace are recognised by a known reply port). A
+ * query or answer carrying an entry is where a merge the netfilter program
+ * set up shows (check_merge): the query's own egress after confirm, or for
+ * a query a local server took (LOCAL_IN), its answer's. */
+/* device's struct seen: on its stack it left no room for the calls it
+ * makes (check_merge). The device hooks do not nest on a CPU: they run
+ * with bottom halves off, and a hardirq never reaches them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(struct seen)); /* no BTF type: it holds a kernel pointer */
+} device_seen SEC(".maps");
+
+static const __u32 device_seen_key = 0;
+
 static __always_inline int device(struct sk_buff *skb, bool egress)
 {
-	struct seen s = {};
-	if (!parse_skb(skb, &s.p, true))
+	struct seen *s = bpf_map_lookup_elem(&device_seen, &device_seen_key);
+	if (!s)
 		return 0;
-	s.ct = skb_ct(skb, true, &s.ctinfo);
-	if (s.ct) {
-		read_tuple(&s.orig, s.ct, 0);
-		if (s.orig.proto != IPPROTO_UDP || !dns_ports(&s.orig))
+	__builtin_memset(&s->p.t, 0, sizeof(s->p.t)); /* an IPv4 address leaves 12 bytes */
+	if (!parse_skb(skb, &s->p, true))
+		return 0;
+	s->ct = skb_ct(skb, true, &s->ctinfo);
+	if (s->ct) {
+		read_tuple(&s->orig, s->ct, 0);
+		if (s->orig.proto != IPPROTO_UDP || !dns_ports(&s->orig))
 			return 0;
-	} else if (!dns_ports(&s.p.t) && (egress || !reply_port_known(s.p.t.sport))) {
+	} else if (!dns_ports(&s->p.t) && (egress || !reply_port_known(s->p.t.sport))) {
 		return 0;
 	}
-	if (!read_dns_hdr(&s))
+	if (!read_dns_hdr(s))
 		return 0;
-	s.netns = skb_netns(skb, NULL, true);
-	if (!netns_match(s.netns))
+	s->netns = skb_netns(skb, NULL, true);
+	if (!netns_match(s->netns))
 		return 0;
-	if (s.response) {
-		answer(&s, &s.p.t, TIER_TRACEPOINT);
+	struct flow_key k;
+	struct flow *f = NULL;
+	if (s->response) {
+		if (s->ct && s->ctinfo >= IP_CT_IS_REPLY) {
+			/* its query's flow, by the entry's original tuple */
+			key_from(&k, &s->orig, s->id, false);
+			f = bpf_map_lookup_elem(&flows, &k);
+			if (f && f->pre_ct)
+				check_merge(s, f, f->qid, &k, 0);
+		}
+		answer(s, &s->p.t, TIER_TRACEPOINT);
 		return 0;
 	}
 	/* Every hop looks its flow up, even where that changes nothing (an
@@ -1185,12 +1291,14 @@ static __always_inline int device(struct sk_buff *skb, bool egress)
 	 * drops queries, and the drop hook looks their flows up) lost three
 	 * answers in four; a lookup right after the insert instead still lost
 	 * 0.3-1.1% of them. TestFreshFlowsSurviveFullMap guards it. */
-	struct flow_key k;
-	query_key(&k, &s);
+	query_key(&k, s);
 	__u32 asker = 0;
-	__u64 qid = track_query(&s, &k, egress, TIER_TRACEPOINT, 0, &asker);
-	if (qid && s.ct && track_cts)
-		note_ct(&s, qid, asker, TIER_TRACEPOINT);
+	__u64 qid = track_query(s, &k, egress, TIER_TRACEPOINT, 0, 0, &asker, &f);
+	if (qid && s->ct && track_cts) {
+		if (f)
+			check_merge(s, f, qid, &k, (__u64)skb);
+		note_ct(s, qid, asker, TIER_TRACEPOINT);
+	}
 	return 0;
 }
 
@@ -1206,19 +1314,46 @@ int BPF_PROG(tp_netif_receive_skb, struct sk_buff *skb)
 	return device(skb, false);
 }
 
-/* UDP copies a linear skb with copy_linear_skb(), which does not pass
- * this tracepoint: it only sees non-linear datagrams (typically those that
- * came from a NIC with page-based receive buffers). */
-SEC("tp_btf/skb_copy_datagram_iovec")
-int BPF_PROG(tp_skb_copy_datagram_iovec, struct sk_buff *skb, int len)
+/* ---- tracepoint tier: just before confirm (netfilter, 6.4+) ----------- */
+
+/* struct bpf_nf_ctx (v6.4, "bpf: add bpf_link support for BPF_NETFILTER
+ * programs"), as a flavour: the object builds against a vmlinux.h of an
+ * older kernel, and the program loads only on 6.4+. */
+struct bpf_nf_ctx___dnsrace {
+	const struct nf_hook_state *state;
+	struct sk_buff *skb;
+} __attribute__((preserve_access_index));
+
+#define NF_ACCEPT 1
+
+/* nf_confirm_soon runs at POSTROUTING and LOCAL_IN just before conntrack's
+ * confirm (the loader links it at INT_MAX - 1, only in the namespaces that
+ * NAT): a DNS query's unconfirmed entry is kept in its flow, and the next
+ * sight of the query or its answer at a device says whether confirm
+ * inserted it or merged it into a winner (check_merge). A query first seen
+ * here (forwarded from outside) starts its flow here. It always accepts. */
+SEC("netfilter")
+int nf_confirm_soon(struct bpf_nf_ctx___dnsrace *ctx)
 {
+	struct sk_buff *skb = ctx->skb;
+	struct nf_conn *ct = (struct nf_conn *)(skb->_nfct & NFCT_PTRMASK);
+	if (!ct || (BPF_CORE_READ(ct, status) & IPS_CONFIRMED))
+		return NF_ACCEPT;
 	struct seen s = {};
-	if (!parse_skb(skb, &s.p, true) || !dns_ports(&s.p.t) || !read_dns_hdr(&s) || !s.response)
-		return 0;
-	s.netns = skb_netns(skb, NULL, true);
-	if (netns_match(s.netns))
-		answer(&s, &s.p.t, TIER_TRACEPOINT);
-	return 0;
+	if (!dns_packet(skb, &s, true) || s.response)
+		return NF_ACCEPT;
+	s.netns = ctx->state->net->ns.inum;
+	if (!netns_match(s.netns))
+		return NF_ACCEPT;
+	struct flow_key k;
+	struct flow *f;
+	__u32 asker;
+	query_key(&k, &s);
+	track_query(&s, &k, true, TIER_TRACEPOINT, RF_NO_SOCKET, (__u64)ct, &asker, &f);
+	struct preconfirm p = {.ct = (__u64)ct, .ts = bpf_jiffies64()};
+	__u64 skbp = (__u64)skb;
+	bpf_map_update_elem(&preconfirm, &skbp, &p, BPF_ANY);
+	return NF_ACCEPT;
 }
 
 /* ---- drops (every tier) ----------------------------------------------- */
@@ -1288,9 +1423,16 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 			len = s.p.payload_len; /* user space matches it by question */
 	} else {
 		struct flow_key k;
+		struct flow *f;
 		query_key(&k, &s);
 		__u32 asker = 0;
-		qid = track_query(&s, &k, true, tier, track_cts ? 0 : RF_NO_SOCKET, &asker);
+		qid = track_query(&s, &k, true, tier, track_cts ? 0 : RF_NO_SOCKET, 0, &asker, &f);
+		if (f)
+			f->pre_ct = 0; /* if confirm judged it, this drop was its verdict */
+		if (track_cts) {
+			__u64 skbp = (__u64)skb;
+			bpf_map_delete_elem(&preconfirm, &skbp);
+		}
 		if (qid && drop_is_final(reason))
 			end_flow(&k, asker);
 	}
@@ -1508,9 +1650,10 @@ static __always_inline bool confirm_enter(struct pending_confirm *pc, struct sk_
 		return false;
 	announce_netns(s.netns, tier);
 	struct flow_key k;
+	struct flow *f;
 	query_key(&k, &s);
 	__u32 asker = 0;
-	pc->qid = track_query(&s, &k, true, tier, RF_NO_SOCKET, &asker);
+	pc->qid = track_query(&s, &k, true, tier, RF_NO_SOCKET, 0, &asker, &f);
 	pc->netns = s.netns;
 	pc->pkt = s.p.t;
 	read_ct(&pc->ct, s.ct);
@@ -1541,7 +1684,6 @@ static __always_inline void confirm_exit(struct pending_confirm *pc, struct sk_b
 		goto out;
 	b->r.pkt = pc->pkt;
 	b->r.ct = pc->ct;
-	b->r.ct_after = (__u64)after;
 	if (kind == EV_MERGED) {
 		read_ct(&b->r.winner, after);
 		b->r.flags = RF_WINNER;
@@ -1821,7 +1963,7 @@ static __always_inline int send(struct sock *sk, struct msghdr *msg, __u8 tier, 
 		return 0; /* a response (a DNS server's send) */
 	struct flow_key k;
 	key_from(&k, &t, bpf_ntohs(h[0]), false);
-	new_flow(&k, netns, base, avail > DNS_CAP ? DNS_CAP : avail, true, tier, 0);
+	new_flow(&k, netns, base, avail > DNS_CAP ? DNS_CAP : avail, true, tier, 0, 0);
 	return 0;
 }
 

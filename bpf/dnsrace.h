@@ -46,12 +46,14 @@ enum ev_kind {
 	/* __nf_conntrack_confirm returned NF_DROP (fentry/kprobe) */
 	EV_CONFIRM_DROP = 2,
 	/* the loser of a clash merged into the winner: confirm returned with
-	 * the skb on another entry (fentry/kprobe) */
+	 * the skb on another entry (fentry/kprobe), or a later sight carries
+	 * another entry than the netfilter program saw just before confirm
+	 * (tracepoint tier, 6.4+); ct.ptr is the loser's freed entry */
 	EV_MERGED = 3,
 	/* the loser inserted reply-only with IPS_NAT_CLASH (5.6+) */
 	EV_NAT_CLASH = 4,
 	/* an unconfirmed DNS entry freed without its packet being dropped: a
-	 * merged loser (tracepoint tier: kmem_cache_free) */
+	 * merged loser (tracepoint tier before 6.4: kmem_cache_free) */
 	EV_CT_FREED = 5,
 	/* the winner of an earlier dropped race, confirmed after the drop
 	 * (tracepoint tier: it reached a device after its loser was freed) */
@@ -131,7 +133,6 @@ struct rec_answer {
 struct rec_event {
 	struct rec_hdr h;
 	__u64 location;   /* drop: address that freed the skb */
-	__u64 ct_after;   /* merged: the entry the skb carries on return */
 	__u64 winner_qid; /* the winner's query, when the maps know it */
 	__u32 reason;     /* drop: enum skb_drop_reason (0 before 5.17) */
 	__u16 dns_len;    /* bytes of dns[] that follow (unmatched answers) */

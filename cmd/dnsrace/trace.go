@@ -204,7 +204,7 @@ func (f *traceFlags) probeOptions() (probe.Options, error) {
 var hookLabel = map[string]string{
 	"nf_conntrack_confirm": "confirm", "nf_ct_resolve_clash": "clash", "skb_consume_udp": "deliver",
 	"udp_sendmsg": "send", "udpv6_sendmsg": "send6", "net_dev_queue": "xmit", "netif_receive_skb": "recv",
-	"skb_copy_datagram_iovec": "copy", "kfree_skb": "drop", "kmem_cache_free": "ct-free", "udp_fail_queue_rcv_skb": "rcvbuf",
+	"netfilter": "pre-confirm", "kfree_skb": "drop", "kmem_cache_free": "ct-free", "udp_fail_queue_rcv_skb": "rcvbuf",
 }
 
 // tracingLine says, right after start, what is traced and that dnsrace is

@@ -167,6 +167,7 @@ type DnsraceFlow struct {
 	_     structs.HostLayout
 	Qid   uint64
 	Ts    uint64
+	PreCt uint64
 	Netns uint32
 	Pad   uint32
 }
@@ -225,6 +226,12 @@ type DnsracePendingConfirm struct {
 	}
 }
 
+type DnsracePreconfirm struct {
+	_  structs.HostLayout
+	Ct uint64
+	Ts uint64
+}
+
 type DnsraceQueryBuf struct {
 	_   structs.HostLayout
 	R   DnsraceRecQuery
@@ -242,7 +249,6 @@ type DnsraceRecEvent struct {
 	_         structs.HostLayout
 	H         DnsraceRecHdr
 	Location  uint64
-	CtAfter   uint64
 	WinnerQid uint64
 	Reason    uint32
 	DnsLen    uint16
@@ -383,10 +389,12 @@ const (
 	DnsraceMapCtNetns                 = "ct_netns"
 	DnsraceMapCtTuples                = "ct_tuples"
 	DnsraceMapCts                     = "cts"
+	DnsraceMapDeviceSeen              = "device_seen"
 	DnsraceMapEventScratch            = "event_scratch"
 	DnsraceMapEvents                  = "events"
 	DnsraceMapFlows                   = "flows"
 	DnsraceMapLastAnswered            = "last_answered"
+	DnsraceMapPreconfirm              = "preconfirm"
 	DnsraceMapQidSeq                  = "qid_seq"
 	DnsraceMapQueryScratch            = "query_scratch"
 	DnsraceMapReplyPorts              = "reply_ports"
@@ -405,6 +413,7 @@ const (
 	DnsraceProgKpUdpSendmsg           = "kp_udp_sendmsg"
 	DnsraceProgKpUdpv6Sendmsg         = "kp_udpv6_sendmsg"
 	DnsraceProgKrpNfConntrackConfirm  = "krp_nf_conntrack_confirm"
+	DnsraceProgNfConfirmSoon          = "nf_confirm_soon"
 	DnsraceProgTpKfreeSkbNoreason     = "tp_kfree_skb_noreason"
 	DnsraceProgTpKfreeSkbReason       = "tp_kfree_skb_reason"
 	DnsraceProgTpKfreeSkbRxSk         = "tp_kfree_skb_rx_sk"
@@ -412,7 +421,6 @@ const (
 	DnsraceProgTpKmemCacheFreeSite    = "tp_kmem_cache_free_site"
 	DnsraceProgTpNetDevQueue          = "tp_net_dev_queue"
 	DnsraceProgTpNetifReceiveSkb      = "tp_netif_receive_skb"
-	DnsraceProgTpSkbCopyDatagramIovec = "tp_skb_copy_datagram_iovec"
 	DnsraceProgTpUdpFailQueueRcvSkb   = "tp_udp_fail_queue_rcv_skb"
 	DnsraceProgTpUdpFailQueueRcvSkbSk = "tp_udp_fail_queue_rcv_skb_sk"
 	DnsraceVarCfg                     = "cfg"
@@ -482,6 +490,7 @@ type DnsraceProgramSpecs struct {
 	KpUdpSendmsg           *ebpf.ProgramSpec `ebpf:"kp_udp_sendmsg"`
 	KpUdpv6Sendmsg         *ebpf.ProgramSpec `ebpf:"kp_udpv6_sendmsg"`
 	KrpNfConntrackConfirm  *ebpf.ProgramSpec `ebpf:"krp_nf_conntrack_confirm"`
+	NfConfirmSoon          *ebpf.ProgramSpec `ebpf:"nf_confirm_soon"`
 	TpKfreeSkbNoreason     *ebpf.ProgramSpec `ebpf:"tp_kfree_skb_noreason"`
 	TpKfreeSkbReason       *ebpf.ProgramSpec `ebpf:"tp_kfree_skb_reason"`
 	TpKfreeSkbRxSk         *ebpf.ProgramSpec `ebpf:"tp_kfree_skb_rx_sk"`
@@ -489,7 +498,6 @@ type DnsraceProgramSpecs struct {
 	TpKmemCacheFreeSite    *ebpf.ProgramSpec `ebpf:"tp_kmem_cache_free_site"`
 	TpNetDevQueue          *ebpf.ProgramSpec `ebpf:"tp_net_dev_queue"`
 	TpNetifReceiveSkb      *ebpf.ProgramSpec `ebpf:"tp_netif_receive_skb"`
-	TpSkbCopyDatagramIovec *ebpf.ProgramSpec `ebpf:"tp_skb_copy_datagram_iovec"`
 	TpUdpFailQueueRcvSkb   *ebpf.ProgramSpec `ebpf:"tp_udp_fail_queue_rcv_skb"`
 	TpUdpFailQueueRcvSkbSk *ebpf.ProgramSpec `ebpf:"tp_udp_fail_queue_rcv_skb_sk"`
 }
@@ -508,10 +516,12 @@ type DnsraceMapSpecs struct {
 	CtNetns        *ebpf.MapSpec `ebpf:"ct_netns"`
 	CtTuples       *ebpf.MapSpec `ebpf:"ct_tuples"`
 	Cts            *ebpf.MapSpec `ebpf:"cts"`
+	DeviceSeen     *ebpf.MapSpec `ebpf:"device_seen"`
 	EventScratch   *ebpf.MapSpec `ebpf:"event_scratch"`
 	Events         *ebpf.MapSpec `ebpf:"events"`
 	Flows          *ebpf.MapSpec `ebpf:"flows"`
 	LastAnswered   *ebpf.MapSpec `ebpf:"last_answered"`
+	Preconfirm     *ebpf.MapSpec `ebpf:"preconfirm"`
 	QidSeq         *ebpf.MapSpec `ebpf:"qid_seq"`
 	QueryScratch   *ebpf.MapSpec `ebpf:"query_scratch"`
 	ReplyPorts     *ebpf.MapSpec `ebpf:"reply_ports"`
@@ -567,10 +577,12 @@ type DnsraceMaps struct {
 	CtNetns        *ebpf.Map `ebpf:"ct_netns"`
 	CtTuples       *ebpf.Map `ebpf:"ct_tuples"`
 	Cts            *ebpf.Map `ebpf:"cts"`
+	DeviceSeen     *ebpf.Map `ebpf:"device_seen"`
 	EventScratch   *ebpf.Map `ebpf:"event_scratch"`
 	Events         *ebpf.Map `ebpf:"events"`
 	Flows          *ebpf.Map `ebpf:"flows"`
 	LastAnswered   *ebpf.Map `ebpf:"last_answered"`
+	Preconfirm     *ebpf.Map `ebpf:"preconfirm"`
 	QidSeq         *ebpf.Map `ebpf:"qid_seq"`
 	QueryScratch   *ebpf.Map `ebpf:"query_scratch"`
 	ReplyPorts     *ebpf.Map `ebpf:"reply_ports"`
@@ -591,10 +603,12 @@ func (m *DnsraceMaps) Close() error {
 		m.CtNetns,
 		m.CtTuples,
 		m.Cts,
+		m.DeviceSeen,
 		m.EventScratch,
 		m.Events,
 		m.Flows,
 		m.LastAnswered,
+		m.Preconfirm,
 		m.QidSeq,
 		m.QueryScratch,
 		m.ReplyPorts,
@@ -637,6 +651,7 @@ type DnsracePrograms struct {
 	KpUdpSendmsg           *ebpf.Program `ebpf:"kp_udp_sendmsg"`
 	KpUdpv6Sendmsg         *ebpf.Program `ebpf:"kp_udpv6_sendmsg"`
 	KrpNfConntrackConfirm  *ebpf.Program `ebpf:"krp_nf_conntrack_confirm"`
+	NfConfirmSoon          *ebpf.Program `ebpf:"nf_confirm_soon"`
 	TpKfreeSkbNoreason     *ebpf.Program `ebpf:"tp_kfree_skb_noreason"`
 	TpKfreeSkbReason       *ebpf.Program `ebpf:"tp_kfree_skb_reason"`
 	TpKfreeSkbRxSk         *ebpf.Program `ebpf:"tp_kfree_skb_rx_sk"`
@@ -644,7 +659,6 @@ type DnsracePrograms struct {
 	TpKmemCacheFreeSite    *ebpf.Program `ebpf:"tp_kmem_cache_free_site"`
 	TpNetDevQueue          *ebpf.Program `ebpf:"tp_net_dev_queue"`
 	TpNetifReceiveSkb      *ebpf.Program `ebpf:"tp_netif_receive_skb"`
-	TpSkbCopyDatagramIovec *ebpf.Program `ebpf:"tp_skb_copy_datagram_iovec"`
 	TpUdpFailQueueRcvSkb   *ebpf.Program `ebpf:"tp_udp_fail_queue_rcv_skb"`
 	TpUdpFailQueueRcvSkbSk *ebpf.Program `ebpf:"tp_udp_fail_queue_rcv_skb_sk"`
 }
@@ -663,6 +677,7 @@ func (p *DnsracePrograms) Close() error {
 		p.KpUdpSendmsg,
 		p.KpUdpv6Sendmsg,
 		p.KrpNfConntrackConfirm,
+		p.NfConfirmSoon,
 		p.TpKfreeSkbNoreason,
 		p.TpKfreeSkbReason,
 		p.TpKfreeSkbRxSk,
@@ -670,7 +685,6 @@ func (p *DnsracePrograms) Close() error {
 		p.TpKmemCacheFreeSite,
 		p.TpNetDevQueue,
 		p.TpNetifReceiveSkb,
-		p.TpSkbCopyDatagramIovec,
 		p.TpUdpFailQueueRcvSkb,
 		p.TpUdpFailQueueRcvSkbSk,
 	)

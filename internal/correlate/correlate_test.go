@@ -350,7 +350,7 @@ func TestRescued(t *testing.T) {
 		a := h.query(0, podA, srcA, 1, dns.TypeA)
 		aaaa := h.query(1, podA, srcA, 2, dns.TypeAAAA)
 		loser, winner := entry(0xa, srcA, 1, false), entry(0xb, srcA, 1, true)
-		e := withWinner(&event.Event{Kind: event.KindMerged, QID: aaaa, TimeNs: 40, NetNS: node, CT: loser, CTAfter: 0xb}, winner, a)
+		e := withWinner(&event.Event{Kind: event.KindMerged, QID: aaaa, TimeNs: 40, NetNS: node, CT: loser}, winner, a)
 		h.handle(e)
 		h.handle(e) // seen twice: counted once
 		inc := h.only(CauseClashResolved)
@@ -370,7 +370,7 @@ func TestRescued(t *testing.T) {
 		for i, t0 := range []uint64{0, 2 * uint64(time.Second)} {
 			a := h.query(t0, podA, srcA, uint16(2*i+1), dns.TypeA)
 			aaaa := h.query(t0+1, podA, srcA, uint16(2*i+2), dns.TypeAAAA)
-			e := withWinner(&event.Event{Kind: event.KindMerged, QID: aaaa, TimeNs: t0 + 40, NetNS: node, CT: entry(0xa, srcA, 1, false), CTAfter: 0xb},
+			e := withWinner(&event.Event{Kind: event.KindMerged, QID: aaaa, TimeNs: t0 + 40, NetNS: node, CT: entry(0xa, srcA, 1, false)},
 				entry(0xb, srcA, 1, true), a)
 			h.handle(e)
 			h.handle(e)

@@ -20,7 +20,7 @@ const (
 	HdrSize    = 24
 	QuerySize  = 96
 	AnswerSize = 32
-	EventSize  = 288
+	EventSize  = 280
 
 	// An event with no DNS message may end before its winner's entry
 	// (when it has none: no FlagWinner) or before its own entry (when
@@ -45,15 +45,14 @@ const (
 	offADNSFlags = 24
 
 	offELocation  = 24
-	offECTAfter   = 32
-	offEWinnerQID = 40
-	offEReason    = 48
-	offEDNSLen    = 52
-	offEKind      = 54
-	offEFlags     = 55
-	offEPkt       = 56
-	offECT        = 96
-	offEWinner    = 192
+	offEWinnerQID = 32
+	offEReason    = 40
+	offEDNSLen    = 44
+	offEKind      = 46
+	offEFlags     = 47
+	offEPkt       = 48
+	offECT        = 88
+	offEWinner    = 184
 
 	// struct tuple
 	tupleSize = 40
@@ -145,7 +144,6 @@ func Decode(raw []byte, e *Event) error {
 		e.Kind = Kind(k) + KindDrop - 1
 		e.Flags = raw[offEFlags]
 		e.Location = le.Uint64(raw[offELocation:])
-		e.CTAfter = le.Uint64(raw[offECTAfter:])
 		e.WinnerQID = le.Uint64(raw[offEWinnerQID:])
 		e.Reason = le.Uint32(raw[offEReason:])
 		e.Packet = decodeTuple(raw[offEPkt : offEPkt+tupleSize])

@@ -70,7 +70,6 @@ func TestLayout(t *testing.T) {
 
 		{"event size", unsafe.Sizeof(ev), EventSize},
 		{"event location", unsafe.Offsetof(ev.Location), offELocation},
-		{"event ct_after", unsafe.Offsetof(ev.CtAfter), offECTAfter},
 		{"event winner_qid", unsafe.Offsetof(ev.WinnerQid), offEWinnerQID},
 		{"event reason", unsafe.Offsetof(ev.Reason), offEReason},
 		{"event dns_len", unsafe.Offsetof(ev.DnsLen), offEDNSLen},

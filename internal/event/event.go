@@ -29,8 +29,10 @@ const (
 	// KindConfirmDrop: __nf_conntrack_confirm returned NF_DROP for QID's
 	// packet (fentry/kprobe); Winner is nf_ct_resolve_clash's, if called.
 	KindConfirmDrop
-	// KindMerged: confirm returned with the packet on another entry
-	// (CTAfter, also in Winner): the loser CT was merged into the winner.
+	// KindMerged: the loser CT (QID's, freed: only its address is
+	// known) was merged into Winner, the entry its packet carries since
+	// confirm (fentry/kprobe: at confirm's return; tracepoint tier: at the
+	// next sight after the netfilter program saw the loser's entry).
 	KindMerged
 	// KindNATClash: the loser CT was inserted reply-only with
 	// IPS_NAT_CLASH (kernel >= 5.6); the packet goes on.
@@ -235,7 +237,6 @@ type Event struct {
 	CT        CT     // the packet's entry (the loser, for a race)
 	Winner    CT     // the entry already in the table (FlagWinner)
 	WinnerQID uint64 // the winner's query, when the kernel side knew it
-	CTAfter   uint64 // Merged: the entry the packet carries on return
 	Reason    uint32 // Drop: enum skb_drop_reason value (0 before 5.17)
 	Location  uint64 // Drop: address that freed the skb
 }

@@ -2,7 +2,6 @@ package probe
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"net"
 	"os"
@@ -91,7 +90,7 @@ func freshFlowsSurviveFullMap(t *testing.T, viaTun bool) {
 	defer func() { cancel(); <-readDone }()
 	held := func() (k int) {
 		forEachEntry(t, tr, "flows", func(_, v []byte) {
-			if binary.NativeEndian.Uint32(v[16:]) == n.clientIno {
+			if flowNetNS(v) == n.clientIno {
 				k++
 			}
 		})

@@ -42,6 +42,10 @@ func (p ProbeInfo) String() string {
 // infer.
 var errNotNeeded = errors.New("not needed: the fentry/kprobe confirm, clash and delivery hooks report this directly")
 
+// errNotNeededNF is the Err of kmem_cache_free where the netfilter program
+// loaded: it sees merged losers without a program on every slab free.
+var errNotNeededNF = errors.New("not needed: the netfilter program just before confirm sees merged clash losers (Linux 6.4+)")
+
 // attachPoint is one program of a hook and how to attach it.
 type attachPoint struct {
 	prog   string
@@ -129,7 +133,6 @@ var functionHooks = []fnHook{
 var tracepointHooks = []tpHook{
 	{name: "net_dev_queue", required: true, modes: inTracepointMode, variant: fixedTP(bpf.DnsraceProgTpNetDevQueue)},
 	{name: "netif_receive_skb", required: true, modes: inTracepointMode, variant: fixedTP(bpf.DnsraceProgTpNetifReceiveSkb)},
-	{name: "skb_copy_datagram_iovec", modes: inTracepointMode, variant: fixedTP(bpf.DnsraceProgTpSkbCopyDatagramIovec)},
 	{name: "kfree_skb", required: true, modes: inFunctionMode | inTracepointMode, variant: kfreeSkbVariant},
 	{name: "kmem_cache_free", modes: inTracepointMode, variant: kmemCacheFreeVariant},
 	{name: "udp_fail_queue_rcv_skb", modes: inFunctionMode | inTracepointMode, variant: udpFailVariant},
@@ -188,6 +191,9 @@ func udpFailVariant(l *loader) (string, error) {
 // frees are told apart by their call site in the nf_conntrack module's text
 // (its range goes into cfg).
 func kmemCacheFreeVariant(l *loader) (string, error) {
+	if l.t.nfProg != nil {
+		return "", errNotNeededNF
+	}
 	args, err := tracepointArgs(l.kspec, "kmem_cache_free")
 	if err != nil {
 		return "", err
@@ -235,11 +241,15 @@ func findFunc(k *btf.Spec, cache *btf.Cache, fn, module string) (*btf.Func, erro
 	return nil, fmt.Errorf("function %s not in kernel BTF: %w", fn, err)
 }
 
-func attach(ap attachPoint, p *ebpf.Program, spec *ebpf.ProgramSpec) (link.Link, error) {
-	switch ap.kind {
-	case attachKprobe:
+func attach(ap attachPoint, p *ebpf.Program, spec *ebpf.ProgramSpec, multi bool) (link.Link, error) {
+	switch {
+	case ap.kind == attachKprobe && multi:
+		return link.KprobeMulti(p, link.KprobeMultiOptions{Symbols: []string{ap.symbol}})
+	case ap.kind == attachKretprobe && multi:
+		return link.KretprobeMulti(p, link.KprobeMultiOptions{Symbols: []string{ap.symbol}})
+	case ap.kind == attachKprobe:
 		return link.Kprobe(ap.symbol, p, nil)
-	case attachKretprobe:
+	case ap.kind == attachKretprobe:
 		return link.Kretprobe(ap.symbol, p, nil)
 	default:
 		return link.AttachTracing(link.TracingOptions{Program: p, AttachType: spec.AttachType})

@@ -4,11 +4,13 @@ import (
 	"encoding/binary"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/google/nftables"
 	"github.com/miekg/dns"
 
+	"github.com/dnsrace/dnsrace/internal/bpf"
 	"github.com/dnsrace/dnsrace/internal/event"
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
@@ -58,7 +60,7 @@ func TestAnsweredLeavesNoEntries(t *testing.T) {
 			slot := n.clientIno & (askerSlots - 1)
 			var inSlot uint32
 			forEachEntry(t, tr, "flows", func(k, v []byte) {
-				ns := binary.NativeEndian.Uint32(v[16:])
+				ns := flowNetNS(v)
 				if ns == n.clientIno {
 					t.Errorf("a flow of the client namespace is left: key %x value %x", k, v)
 				}
@@ -97,6 +99,11 @@ func mapOf(t *testing.T, tr *Tracer, name string) *ebpf.Map {
 		t.Fatalf("the tracer has no map %q", name)
 	}
 	return m
+}
+
+// flowNetNS is the asking namespace of a flows map value.
+func flowNetNS(v []byte) uint32 {
+	return binary.NativeEndian.Uint32(v[unsafe.Offsetof(bpf.DnsraceFlow{}.Netns):])
 }
 
 func forEachEntry(t *testing.T, tr *Tracer, name string, fn func(k, v []byte)) {
@@ -167,7 +174,7 @@ func TestDroppedAtServerEndsFlow(t *testing.T) {
 		qid := binary.NativeEndian.Uint64(v)
 		if dropped[qid] {
 			t.Errorf("query %d was dropped at its server's socket, and its flow is still held", qid)
-		} else if binary.NativeEndian.Uint32(v[16:]) == n.clientIno {
+		} else if flowNetNS(v) == n.clientIno {
 			kept++
 		}
 	})

@@ -64,6 +64,11 @@ type Options struct {
 	// the LRU's per-CPU room on top (addLRURoom). Tests shrink it to fill
 	// it.
 	FlowEntries uint32
+	// KprobeMulti attaches the kprobe tier through kprobe.multi links
+	// (fprobe, 5.18+, CONFIG_FPROBE) even where legacy kprobes work;
+	// where they are compiled out (no CONFIG_KPROBES) kprobe.multi is
+	// tried anyway.
+	KprobeMulti bool
 	// ReaderNice, when not 0, is the nice value of the thread Read drains
 	// the ring buffer on (needs CAP_SYS_NICE; Read fails if it cannot be
 	// set). The drain is locked to its thread and gives the nice value
@@ -85,9 +90,12 @@ const (
 	// verdicts; queries are first seen at udp_sendmsg and answers at
 	// skb_consume_udp. No device hook runs.
 	ModeFunction Mode = iota
-	// ModeTracepoint: device tracepoints first see queries and watch
-	// entries get confirmed; the maps of confirmed entries name winners,
-	// and freed unconfirmed entries show merged losers.
+	// ModeTracepoint: the egress device tracepoint first sees queries and
+	// watches entries get confirmed (the maps of confirmed entries name
+	// winners), answers are seen where their socket takes them
+	// (consume_skb), and merged losers by a netfilter program just before
+	// confirm (6.4+, in the namespaces watched: WatchNetNS) or, before 6.4,
+	// by their unconfirmed entry freed (kmem_cache_free).
 	ModeTracepoint
 )
 
@@ -106,6 +114,10 @@ type Tracer struct {
 	links  []link.Link
 	maps   map[string]*ebpf.Map // every map, created once, shared
 	rd     *ringbuf.Reader
+	// The netfilter program (tracepoint tier, 6.4+) and its links, per
+	// namespace (guarded by closeMu).
+	nfProg  *ebpf.Program
+	watched map[uint32]*watched
 
 	readMu    sync.Mutex // one Read at a time; guards rec, ev and batches
 	rec       ringbuf.Record
@@ -183,6 +195,11 @@ func Open(opts Options) (*Tracer, error) {
 		}
 	}
 
+	if t.mode == ModeTracepoint {
+		l.netfilter()
+	} else {
+		t.probes = append(t.probes, ProbeInfo{Hook: HookNetfilter, Err: errNotNeeded})
+	}
 	for _, h := range tracepointHooks {
 		if err := l.tracepoint(h); err != nil {
 			return nil, err
@@ -301,6 +318,12 @@ type loader struct {
 // created once and shared with the other collections; the read-only
 // variables (cfg, track_cts) are set per collection.
 func (l *loader) load(progs ...string) (*ebpf.Collection, error) {
+	return l.loadKprobeMulti(false, progs...)
+}
+
+// loadKprobeMulti is load, with kprobe programs made for kprobe.multi links
+// when multi is set.
+func (l *loader) loadKprobeMulti(multi bool, progs ...string) (*ebpf.Collection, error) {
 	cs := l.spec.Copy()
 	keep := map[string]bool{}
 	maps := map[string]bool{}
@@ -310,6 +333,9 @@ func (l *loader) load(progs ...string) (*ebpf.Collection, error) {
 			return nil, fmt.Errorf("program %s missing from the BPF object", p)
 		}
 		keep[p] = true
+		if multi && ps.Type == ebpf.Kprobe {
+			ps.AttachType = ebpf.AttachTraceKprobeMulti
+		}
 		for _, ins := range ps.Instructions {
 			if ins.IsLoadFromMap() {
 				if r := ins.Reference(); r != "" {
@@ -321,7 +347,12 @@ func (l *loader) load(progs ...string) (*ebpf.Collection, error) {
 			// The maps are still created (the reader and the counters
 			// open them). The first instruction keeps the function's
 			// symbol and BTF, not its CO-RE relocation.
-			first := asm.Mov.Imm(asm.R0, 0).WithSymbol(ps.Instructions[0].Symbol())
+			// A netfilter program's 0 is NF_DROP: it accepts instead.
+			ret := int32(0)
+			if ps.Type == ebpf.Netfilter {
+				ret = 1
+			}
+			first := asm.Mov.Imm(asm.R0, ret).WithSymbol(ps.Instructions[0].Symbol())
 			if fn := btf.FuncMetadata(&ps.Instructions[0]); fn != nil {
 				first = btf.WithFuncMetadata(first, fn)
 			}
@@ -466,7 +497,7 @@ func (l *loader) function(h fnHook) (attached, error) {
 		if tier == event.TierKprobe {
 			aps = h.kprobe
 		}
-		links, coll, err := l.tryTier(h, tier, aps)
+		links, coll, multi, err := l.tryTier(h, tier, aps)
 		if err != nil {
 			if l.opts.Attach != event.TierNone {
 				return a, &TierError{Hook: h.name, Tier: tier, Err: err}
@@ -476,6 +507,9 @@ func (l *loader) function(h fnHook) (attached, error) {
 		}
 		a.links, a.coll = links, coll
 		a.info.Tier, a.info.Attached, a.info.Program = tier, true, progNames(aps)
+		if multi {
+			a.info.Program += " (kprobe.multi)"
+		}
 		a.info.Err = errors.Join(errs...)
 		return a, nil
 	}
@@ -493,48 +527,57 @@ func progNames(aps []attachPoint) string {
 
 // tryTier probes, loads and attaches one tier of h; on error nothing stays
 // loaded.
-func (l *loader) tryTier(h fnHook, tier event.Tier, aps []attachPoint) ([]link.Link, *ebpf.Collection, error) {
+func (l *loader) tryTier(h fnHook, tier event.Tier, aps []attachPoint) (links []link.Link, coll *ebpf.Collection, multi bool, err error) {
 	pt := ebpf.Kprobe
 	if tier == event.TierFentry {
 		pt = ebpf.Tracing
 	}
 	if err := features.HaveProgramType(pt); err != nil {
 		if errors.Is(err, unix.EPERM) && os.Geteuid() == 0 {
-			return nil, nil, fmt.Errorf("%s programs refused although running as root (lockdown or an LSM forbids them): %w", tier, err)
+			return nil, nil, false, fmt.Errorf("%s programs refused although running as root (lockdown or an LSM forbids them): %w", tier, err)
 		}
-		return nil, nil, fmt.Errorf("%s programs unsupported: %w", tier, err)
+		return nil, nil, false, fmt.Errorf("%s programs unsupported: %w", tier, err)
 	}
-	if tier == event.TierKprobe && !kprobesAvailable() {
-		return nil, nil, errors.New("kprobes unavailable: no kprobe PMU (/sys/bus/event_source/devices/kprobe) and no kprobe_events in tracefs; the kernel was built without CONFIG_KPROBES")
+	if tier == event.TierKprobe && (l.opts.KprobeMulti || !kprobesAvailable()) {
+		if err := features.HaveBPFLinkKprobeMulti(); err != nil {
+			why := "kprobe.multi links unsupported (Linux 5.18+ with CONFIG_FPROBE)"
+			if !kprobesAvailable() {
+				why = "kprobes unavailable (no kprobe PMU at /sys/bus/event_source/devices/kprobe, no kprobe_events in tracefs: the kernel was built without CONFIG_KPROBES), and " + why
+			}
+			return nil, nil, false, fmt.Errorf("%s: %w", why, err)
+		}
+		multi = true
 	}
-	fn, err := findFunc(l.kspec, l.cache, h.fn, h.module)
-	if err != nil && tier == event.TierFentry {
-		return nil, nil, err // fentry needs the BTF id; a kprobe only the symbol
+	fn, ferr := findFunc(l.kspec, l.cache, h.fn, h.module)
+	if ferr != nil && tier == event.TierFentry {
+		return nil, nil, false, ferr // fentry needs the BTF id; a kprobe only the symbol
 	}
 	if fn != nil && h.checkFn != nil {
 		if proto, _ := fn.Type.(*btf.FuncProto); proto != nil {
 			if err := h.checkFn(proto); err != nil {
-				return nil, nil, err
+				return nil, nil, false, err
 			}
 		}
 	}
-	return l.loadAttach(aps)
+	links, coll, err = l.loadAttach(aps, multi)
+	return links, coll, multi, err
 }
 
-// loadAttach loads aps' programs into one collection and attaches them all,
-// or leaves nothing behind.
-func (l *loader) loadAttach(aps []attachPoint) ([]link.Link, *ebpf.Collection, error) {
+// loadAttach loads aps' programs into one collection and attaches them all
+// (kprobes through kprobe.multi links with multi), or leaves nothing
+// behind.
+func (l *loader) loadAttach(aps []attachPoint, multi bool) ([]link.Link, *ebpf.Collection, error) {
 	names := make([]string, len(aps))
 	for i, ap := range aps {
 		names[i] = ap.prog
 	}
-	coll, err := l.load(names...)
+	coll, err := l.loadKprobeMulti(multi, names...)
 	if err != nil {
 		return nil, nil, explain(fmt.Errorf("loading %s: %w", strings.Join(names, ", "), err))
 	}
 	var links []link.Link
 	for _, ap := range aps {
-		lk, err := attach(ap, coll.Programs[ap.prog], l.spec.Programs[ap.prog])
+		lk, err := attach(ap, coll.Programs[ap.prog], l.spec.Programs[ap.prog], multi)
 		if err != nil {
 			for _, lk := range links {
 				lk.Close()
@@ -720,6 +763,12 @@ func (t *Tracer) Close() error {
 	for _, l := range t.links {
 		errs = append(errs, l.Close())
 	}
+	for _, w := range t.watched {
+		for _, l := range w.links {
+			errs = append(errs, l.Close())
+		}
+	}
+	t.watched = nil
 	for _, c := range t.colls {
 		c.Close()
 	}

@@ -336,6 +336,8 @@ func TestLost(t *testing.T) {
 // which the second packet finds no confirmed entry (measured under qemu: 34
 // to 250 clashes in the first 500 pairs, six runs on 6.1 and 6.12); no
 // clash within the bound fails in CI (and skips elsewhere). Needs two CPUs.
+// In the tracepoint tier the netfilter program (6.4+) sees the merge too:
+// the loser's entry just before confirm, another one at its egress.
 func TestClash(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
@@ -352,11 +354,18 @@ func TestClash(t *testing.T) {
 	slowChain(t, n, 200)
 	tr := openTier(t, Options{Attach: tier})
 	c := collect(t, tr)
+	nsPath := fmt.Sprintf("/proc/self/fd/%d", int(n.client))
 	want := event.KindMerged
 	if tr.Mode() == ModeTracepoint {
-		want = event.KindCTFreed
-		if p := probeByHook(tr, "kmem_cache_free"); !p.Attached {
-			testutil.SkipOrFail(t, "kmem_cache_free cannot be traced here: "+p.String())
+		if tr.HasNetfilter() {
+			if err := tr.WatchNetNS(n.clientIno, nsPath); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			want = event.KindCTFreed
+			if p := probeByHook(tr, "kmem_cache_free"); !p.Attached {
+				testutil.SkipOrFail(t, "kmem_cache_free cannot be traced here: "+p.String())
+			}
 		}
 	}
 	msg := dnsQuery(t, uniqueName(t), dns.TypeA)
@@ -369,7 +378,6 @@ func TestClash(t *testing.T) {
 	)
 	// The kernel's own count of resolved clashes in the client namespace
 	// tells a race that did not happen from one the hook missed.
-	nsPath := fmt.Sprintf("/proc/self/fd/%d", int(n.client))
 	before, err := ctstats.Read(nsPath)
 	if err != nil {
 		t.Fatalf("reading the client namespace's conntrack counters: %v", err)
@@ -403,6 +411,11 @@ func TestClash(t *testing.T) {
 	if events > d.ClashResolve {
 		t.Errorf("%d %s records but the kernel counted %d resolved clashes", events, want, d.ClashResolve)
 	}
+	// The netfilter program and the device hook see every packet of the
+	// race, each by its own skb: exactly one record per merged loser.
+	if tr.HasNetfilter() && events != d.ClashResolve {
+		t.Errorf("%d %s records, the kernel counted %d resolved clashes: want one each", events, want, d.ClashResolve)
+	}
 	if !ok {
 		if d.ClashResolve > 0 {
 			t.Fatalf("the kernel resolved %d clashes but no %s record was read", d.ClashResolve, want)
@@ -414,10 +427,14 @@ func TestClash(t *testing.T) {
 	if clash.CT.Ptr == 0 || clash.CT.Confirmed() || clash.CT.Orig.Dst.String() != vipAddr+":53" {
 		t.Errorf("loser entry: %#x %s status %#x", clash.CT.Ptr, clash.CT.Orig, clash.CT.Status)
 	}
-	if want == event.KindMerged && (clash.QID == 0 || clash.Tier != probeByHook(tr, "nf_ct_resolve_clash").Tier || clash.Winner.Ptr == 0 || clash.Winner.Ptr == clash.CT.Ptr ||
-		clash.CTAfter != clash.Winner.Ptr || !clash.Winner.Confirmed() || clash.Winner.Orig != clash.CT.Orig) {
-		t.Errorf("merge: loser %#x %s, winner %#x %s confirmed=%v after %#x",
-			clash.CT.Ptr, clash.CT.Orig, clash.Winner.Ptr, clash.Winner.Orig, clash.Winner.Confirmed(), clash.CTAfter)
+	wantTier := event.TierTracepoint
+	if tr.Mode() == ModeFunction {
+		wantTier = probeByHook(tr, "nf_ct_resolve_clash").Tier
+	}
+	if want == event.KindMerged && (clash.QID == 0 || clash.Tier != wantTier || clash.Winner.Ptr == 0 || clash.Winner.Ptr == clash.CT.Ptr ||
+		!clash.Winner.Confirmed() || clash.Winner.Orig != clash.CT.Orig || clash.Flags&event.FlagWinner == 0) {
+		t.Errorf("merge: loser %#x %s, winner %#x %s confirmed=%v, tier %s (want %s), qid %#x",
+			clash.CT.Ptr, clash.CT.Orig, clash.Winner.Ptr, clash.Winner.Orig, clash.Winner.Confirmed(), clash.Tier, wantTier, clash.QID)
 	}
 }
 
@@ -644,7 +661,12 @@ func TestForcedTier(t *testing.T) {
 			if !p.Attached || p.Tier != tier {
 				t.Errorf("%s: want %s attached, got %s", p.Hook, tier, p)
 			}
-		case p.Hook == "kmem_cache_free" || p.Hook == "udp_fail_queue_rcv_skb" || p.Hook == "skb_copy_datagram_iovec":
+		case p.Hook == HookNetfilter && tier == event.TierTracepoint:
+			// 6.4+: the netfilter program, else kmem_cache_free
+			if p.Attached != (probeByHook(tr, "kmem_cache_free").Err == errNotNeededNF) || p.Attached && p.Tier != event.TierTracepoint {
+				t.Errorf("netfilter %s, kmem_cache_free %s: want exactly one of them", p, probeByHook(tr, "kmem_cache_free"))
+			}
+		case p.Hook == "kmem_cache_free" || p.Hook == "udp_fail_queue_rcv_skb":
 			// optional: depend on the kernel's tracepoint prototype
 			if tier != event.TierTracepoint && p.Hook != "udp_fail_queue_rcv_skb" && (p.Attached || !errors.Is(p.Err, errNotNeeded)) {
 				t.Errorf("%s in the %s tier: %s", p.Hook, tier, p)

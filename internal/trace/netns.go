@@ -122,6 +122,17 @@ func (n *nsCounters) isLate(ns uint32) bool {
 	return nr != nil && nr.late
 }
 
+// allPaths returns a copy of every namespace known, by inode.
+func (n *nsCounters) allPaths() map[uint32]string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make(map[uint32]string, len(n.paths))
+	for k, v := range n.paths {
+		out[k] = v
+	}
+	return out
+}
+
 func (n *nsCounters) path(ns uint32) string {
 	n.mu.Lock()
 	defer n.mu.Unlock()

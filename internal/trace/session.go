@@ -88,6 +88,10 @@ type Session struct {
 	nextTick uint64                // CLOCK_MONOTONIC ns of the next Tick between events
 	closing  []*correlate.Incident // closed since the last tick
 	readErr  error
+	// The netfilter program's namespaces (watch.go): why some could not
+	// be watched, and when the watched ones are next checked for gone.
+	watchErrs []string
+	nextPrune time.Time
 
 	// Writer-owned (Stop's once the writer is done).
 	jsonl []byte // --json: each incident's line is built here
@@ -130,6 +134,7 @@ type snapshot struct {
 	counts     map[string]int
 	attributed map[uint32]correlate.Attributed
 	ctNS       []uint32
+	watchErrs  []string
 }
 
 // Start loads the probes and starts reading.
@@ -152,6 +157,7 @@ func Start(opts Options) (*Session, error) {
 		outq: make(chan outBatch, outQueue), cpq: make(chan func()), wdone: make(chan struct{})}
 	s.syms, _ = ksym.Load("")
 	s.ns = newNSCounters(opts.ProcRoot)
+	s.watchNAT()
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	s.started = time.Now()
@@ -218,6 +224,7 @@ func (s *Session) handle(e *event.Event) {
 		if !s.ctNS[e.NetNS] {
 			s.ctNS[e.NetNS] = true
 			s.ns.Seen(e.NetNS)
+			s.watch(e.NetNS, "")
 		}
 		return
 	}
@@ -237,6 +244,7 @@ func (s *Session) handle(e *event.Event) {
 // tick runs on the reader.
 func (s *Session) tick(now uint64) {
 	s.corr.Tick(now)
+	s.pruneWatched(time.Now())
 	s.nextTick = now + uint64(tickEvery)
 	s.handOver(now, true)
 }
@@ -309,6 +317,7 @@ func (s *Session) snapshot() *snapshot {
 	for ns := range s.ctNS {
 		sn.ctNS = append(sn.ctNS, ns)
 	}
+	sn.watchErrs = append([]string(nil), s.watchErrs...)
 	return sn
 }
 
@@ -409,6 +418,10 @@ type Summary struct {
 	// PcapErrors counts incidents --pcap could not write (set by the
 	// caller that owns the pcap file).
 	PcapErrors uint64 `json:"pcap_write_errors"`
+	// NetfilterErrors say why the netfilter program (tracepoint tier,
+	// 6.4+) could not be linked in a namespace: merged clash losers there
+	// are not seen.
+	NetfilterErrors []string `json:"netfilter_errors,omitempty"`
 	// RecursionMisses are, by program, the runs the kernel skipped because
 	// another BPF program was running on that CPU: hook calls dnsrace never
 	// saw (only programs with misses; see probe.Tracer.Missed for which
@@ -435,6 +448,9 @@ type NamespaceSummary struct {
 	Kernel     ctstats.Counters     `json:"kernel"`
 	Attributed correlate.Attributed `json:"attributed"`
 	Late       bool                 `json:"baseline_late,omitempty"`
+	// Watched: the netfilter program was linked in it (tracepoint tier,
+	// 6.4+), so merged clash losers there are seen.
+	Watched bool `json:"netfilter_watched,omitempty"`
 }
 
 // ProbeSummary is one hook's tier in the summary.
@@ -551,6 +567,11 @@ func (s *Session) reconcile(typ string, sn *snapshot, lost uint64) *Summary {
 	for ns := range sn.attributed {
 		nss[ns] = true
 	}
+	sum.NetfilterErrors = sn.watchErrs
+	watched := map[uint32]bool{}
+	for _, ns := range s.tracer.Watched() {
+		watched[ns] = true
+	}
 	ids := make([]uint32, 0, len(nss))
 	for ns := range nss {
 		ids = append(ids, ns)
@@ -559,7 +580,7 @@ func (s *Session) reconcile(typ string, sn *snapshot, lost uint64) *Summary {
 	for _, ns := range ids {
 		k, _ := s.ns.Delta(ns)
 		a := sn.attributed[ns]
-		sum.Namespaces = append(sum.Namespaces, NamespaceSummary{NetNS: ns, Path: s.ns.path(ns), Kernel: k, Attributed: a, Late: s.ns.isLate(ns)})
+		sum.Namespaces = append(sum.Namespaces, NamespaceSummary{NetNS: ns, Path: s.ns.path(ns), Kernel: k, Attributed: a, Late: s.ns.isLate(ns), Watched: watched[ns]})
 		sum.Kernel.Add(k)
 		sum.Attributed.Add(a)
 	}

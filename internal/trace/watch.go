@@ -1,0 +1,130 @@
+package trace
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netns"
+
+	"github.com/dnsrace/dnsrace/internal/nsutil"
+)
+
+// The tracepoint tier on Linux 6.4+ sees merged clash losers through a
+// netfilter program just before confirm, linked per namespace. It is linked
+// where races can happen and nowhere else (it runs for every packet that
+// leaves or enters a namespace it is linked in): at start in every
+// namespace that NATs, later in each namespace the kernel side announces a
+// DNS entry in. A namespace watched is held alive by its links, so those of
+// namespaces no process or name refers to any more are let go.
+
+// pruneEvery is how often watched namespaces are checked for being gone.
+const pruneEvery = 30 * time.Second
+
+// watchNAT links the netfilter program in every namespace known that has
+// NAT rules (nftables chains of type nat, or the legacy iptables nat table).
+func (s *Session) watchNAT() {
+	if !s.tracer.HasNetfilter() {
+		return
+	}
+	for ino, path := range s.ns.allPaths() {
+		if hasNAT(path) {
+			s.watch(ino, path)
+		}
+	}
+}
+
+// watch links the netfilter program in namespace ino; a failure is kept
+// for the summary, never fatal: the namespace's counters then say what
+// was missed.
+func (s *Session) watch(ino uint32, path string) {
+	if !s.tracer.HasNetfilter() {
+		return
+	}
+	if path == "" {
+		path = s.ns.path(ino)
+	}
+	if path == "" {
+		s.watchErrs = append(s.watchErrs, fmt.Sprintf("namespace %d: no path to it", ino))
+		return
+	}
+	if err := s.tracer.WatchNetNS(ino, path); err != nil {
+		s.watchErrs = append(s.watchErrs, err.Error())
+	}
+}
+
+// pruneWatched lets go of the watched namespaces that no process and no
+// /run/netns name holds any more.
+func (s *Session) pruneWatched(now time.Time) {
+	if s.tracer == nil || now.Before(s.nextPrune) {
+		return
+	}
+	s.nextPrune = now.Add(pruneEvery)
+	w := s.tracer.Watched()
+	if len(w) == 0 {
+		return
+	}
+	alive := livingNamespaces(s.opts.ProcRoot)
+	for _, ino := range w {
+		if _, ok := alive[ino]; !ok {
+			s.tracer.UnwatchNetNS(ino)
+		}
+	}
+}
+
+// livingNamespaces maps the inode of every namespace a process is in or a
+// /run/netns name holds to a path that opens it.
+func livingNamespaces(procRoot string) map[uint32]string {
+	out := map[uint32]string{}
+	add := func(p string) {
+		if ino, ok := nsutil.PathInode(p); ok {
+			if _, known := out[ino]; !known {
+				out[ino] = p
+			}
+		}
+	}
+	if ents, err := os.ReadDir(nsutil.RunDir); err == nil {
+		for _, e := range ents {
+			add(filepath.Join(nsutil.RunDir, e.Name()))
+		}
+	}
+	procs, _ := filepath.Glob(filepath.Join(procRoot, "[0-9]*", "ns", "net"))
+	for _, p := range procs {
+		add(p)
+	}
+	return out
+}
+
+// hasNAT reports whether the namespace at path has NAT rules: an nftables
+// chain of type nat (iptables-nft makes those too), or the legacy iptables
+// nat table.
+func hasNAT(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd()))); err == nil {
+		if chains, err := c.ListChains(); err == nil {
+			for _, ch := range chains {
+				if ch.Type == nftables.ChainTypeNAT {
+					return true
+				}
+			}
+		}
+	}
+	nat := false
+	_ = nsutil.DoHandle(netns.NsHandle(int(f.Fd())), func() error {
+		for _, names := range []string{"/proc/thread-self/net/ip_tables_names", "/proc/thread-self/net/ip6_tables_names"} {
+			b, _ := os.ReadFile(names)
+			for _, t := range bytes.Fields(b) {
+				nat = nat || string(t) == "nat"
+			}
+		}
+		return nil
+	})
+	return nat
+}
