@@ -3,6 +3,7 @@ package correlate
 import (
 	"hash/maphash"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/dnsrace/dnsrace/internal/ctstats"
@@ -31,10 +32,18 @@ type Config struct {
 	// their retry); past it the oldest is reported at once, as not
 	// retried, and counted.
 	MaxStalls int
-	// ReasonName maps an skb drop reason value to its name.
+	// ReasonName maps an skb drop reason value to its name in the
+	// kernel's enum skb_drop_reason ("NETFILTER_DROP"): "" where the
+	// kernel has no drop reasons (before 5.17), and for a value the enum
+	// lacks anything that is no enum name (probe.DropReasonName gives
+	// "reason(7)"). The writers show what it gives; the rules read it only
+	// as an enum name. nil: no names ("reason(7)" shown).
 	ReasonName func(uint32) string
-	// Location formats a drop location ("nf_hook_slow+0x7d").
-	Location func(uint64) string
+	// Symbol names the kernel function at a drop location and the offset
+	// into it (ksym.Table.Lookup): the rules read the function, the
+	// writers show "nf_hook_slow+0x7d" (the bare address where ok is
+	// false). nil: no names.
+	Symbol func(addr uint64) (name string, off uint64, ok bool)
 	// Counters are the kernel's per-namespace conntrack deltas; nil when
 	// unavailable (then drops without event evidence count as rule_drop).
 	Counters CounterSource
@@ -75,11 +84,8 @@ func (c *Config) defaults() {
 	if c.MaxStalls == 0 {
 		c.MaxStalls = DefaultMaxStalls
 	}
-	if c.ReasonName == nil {
-		c.ReasonName = func(v uint32) string { return "reason(" + itoa(int(v)) + ")" }
-	}
-	if c.Location == nil {
-		c.Location = func(uint64) string { return "" }
+	if c.Symbol == nil {
+		c.Symbol = func(uint64) (string, uint64, bool) { return "", 0, false }
 	}
 	if c.Wall == nil {
 		c.Wall = func(uint64) time.Time { return time.Time{} }
@@ -128,7 +134,7 @@ type Correlator struct {
 	// copying the rest (a flood of drops holds tens of thousands).
 	drops     fifo[pendingDrop]
 	direct    []bool         // classifyDue's scratch
-	evidence  dropEvidence   // classify's scratch
+	evidence  evidence       // decide's scratch
 	compactAt uint64         // when Tick next gives the drops' memory back
 	opens     map[*open]bool // stalls in progress
 	// openLow is at most the start of every stall in progress (their
@@ -148,7 +154,7 @@ type Correlator struct {
 	// strs interns question names by hash.
 	strs *[internSlots]interned
 	// locs caches drop locations by address: a flood of drops comes from a
-	// handful of places, and naming one (Config.Location) formats a string.
+	// handful of places, and naming one formats a string.
 	locs  [locSlots]location
 	comms [commSlots]struct {
 		b [16]byte
@@ -253,16 +259,39 @@ const locSlots = 64
 
 type location struct {
 	addr uint64
-	s    string
+	sym  string // the function, for the rules
+	s    string // "nf_hook_slow+0x7d", for the writers
 }
 
-// location names a drop location, from the cache when it can.
-func (c *Correlator) location(addr uint64) string {
+// location names a drop location, from the cache when it can: the
+// function that freed the packet (Config.Symbol; "" when unknown), and the
+// location as the writers show it, as ksym.Table.Format writes it.
+func (c *Correlator) location(addr uint64) (sym, shown string) {
 	e := &c.locs[(addr^addr>>6)&(locSlots-1)]
 	if e.addr != addr || addr == 0 {
-		*e = location{addr, c.cfg.Location(addr)}
+		*e = location{addr: addr}
+		if name, off, ok := c.cfg.Symbol(addr); ok {
+			e.sym = name
+			e.s = name + "+0x" + strconv.FormatUint(off, 16)
+		} else if addr != 0 {
+			e.s = "0x" + strconv.FormatUint(addr, 16)
+		}
 	}
-	return e.s
+	return e.sym, e.s
+}
+
+// reason names a drop reason value: its enum name for the rules ("" when
+// unknown), and what the writers show.
+func (c *Correlator) reason(v uint32) (r dropReason, shown string) {
+	r.value = v
+	if c.cfg.ReasonName == nil {
+		return r, "reason(" + itoa(int(v)) + ")"
+	}
+	shown = c.cfg.ReasonName(v)
+	if isEnumName(shown) {
+		r.name = shown
+	}
+	return r, shown
 }
 
 // Handle processes one record. It keeps nothing that e points to.
@@ -364,17 +393,24 @@ func (c *Correlator) answerDropped(e *event.Event) {
 	if q == nil || q.dead {
 		return
 	}
-	reason, loc := c.cfg.ReasonName(e.Reason), c.location(e.Location)
+	ev := &c.evidence
+	*ev = evidence{seen: seenAnswerDrop}
+	var reason, loc string
+	ev.reason, reason = c.reason(e.Reason)
+	ev.symbol, loc = c.location(e.Location)
 	x := q.extra()
-	x.replyCause, x.replyReason, x.replyLoc, x.replyNS = answerDropCause(reason, symbolOf(loc)), reason, loc, e.NetNS
+	x.replyCause, x.replyReason, x.replyLoc, x.replyNS = decide(ev).cause, reason, loc, e.NetNS
 }
 
 // rcvbufFull: an answer hit a full receive buffer: its query's, or (before
 // 6.10, no skb) every unanswered query of the socket.
 func (c *Correlator) rcvbufFull(e *event.Event) {
+	ev := &c.evidence
+	*ev = evidence{seen: seenRcvbufHook}
+	rule := decide(ev)
 	mark := func(q *query) {
 		x := q.extra()
-		x.replyCause, x.replyReason, x.replyNS = CauseRcvbufFull, "SOCKET_RCVBUFF", e.NetNS
+		x.replyCause, x.replyReason, x.replyNS = rule.cause, rule.shownReason, e.NetNS
 	}
 	if q := c.ix.lookup(e.QID); q != nil {
 		mark(q)
@@ -486,16 +522,17 @@ func (c *Correlator) classify(d *pendingDrop) {
 		dw = *d.winner
 	}
 	winner, wqid := pickWinner(d.ct, dw, x.winnerCT, d.wqid, x.winnerQID)
-	reason, loc := c.cfg.ReasonName(d.reason), c.location(d.location)
 	// The rules are function values, so evidence passed to them escapes:
 	// it lives in the Correlator, not in a new object per drop.
 	ev := &c.evidence
-	*ev = dropEvidence{reason: reason, location: symbolOf(loc), ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(),
-		confirmDrop: x.confirmDrop, winner: winner.Ptr != 0}
+	*ev = evidence{seen: seenQueryDrop, ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(), confirmDrop: x.confirmDrop}
+	var reason, loc string
+	ev.reason, reason = c.reason(d.reason)
+	ev.symbol, loc = c.location(d.location)
 	if ev.netfilter() {
 		ev.insertBudget, ev.dropBudget = c.budget(d.netns)
 	}
-	rule := classifyDrop(ev)
+	rule := decide(ev)
 	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs, Cause: rule.cause,
 		Reason: reason, Location: loc, NetNS: d.netns}
 	a := c.attributed(d.netns)
@@ -506,7 +543,7 @@ func (c *Correlator) classify(d *pendingDrop) {
 		a.Drop++
 	}
 	q.nodeNS = d.netns
-	if rule.cause == CauseInsertRace {
+	if rule.raced {
 		p.Race = raceKind(d.ct, winner)
 		qx := q.extra()
 		qx.race = p.Race

@@ -56,12 +56,16 @@ func newHarness(t *testing.T, counters fakeCounters) *harness {
 			return map[uint32]string{0: "NOT_SPECIFIED", reasonNetfilter: "NETFILTER_DROP", reasonNoSocket: "NO_SOCKET",
 				reasonRcvbuf: "SOCKET_RCVBUFF", reasonOther: "IP_OUTNOROUTES"}[v]
 		},
-		Location: func(a uint64) string {
-			return map[uint64]string{1: "nf_hook_slow+0x7d", 2: "__udp4_lib_rcv+0x3a0", 3: "ip_finish_output2+0x10",
+		Symbol: func(a uint64) (string, uint64, bool) {
+			s, ok := map[uint64]struct {
+				name string
+				off  uint64
+			}{1: {"nf_hook_slow", 0x7d}, 2: {"__udp4_lib_rcv", 0x3a0}, 3: {"ip_finish_output2", 0x10},
 				// Where Debian 11's 5.10.0-32-cloud-amd64 freed the lab's
 				// lost packets (make vmtest: insert_race, table_full and
 				// rule_drop; reply_unmatched).
-				loc510Netfilter: "nf_hook_slow+0x93", loc510NoSocket: "__udp4_lib_rcv+0x992"}[a]
+				loc510Netfilter: {"nf_hook_slow", 0x93}, loc510NoSocket: {"__udp4_lib_rcv", 0x992}}[a]
+			return s.name, s.off, ok
 		},
 		OnIncident: func(inc *Incident) { h.incidents = append(h.incidents, inc) },
 	})

@@ -52,10 +52,15 @@ func (c *Correlator) retry(q *query) {
 // unansweredLoss explains a query that was never answered and never seen
 // dropped: its answer was dropped, or nothing local saw it at all.
 func (c *Correlator) unansweredLoss(q *query) Packet {
-	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs, Cause: CauseNoReply}
+	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs}
 	if x := q.ext(); x.replyCause != "" {
+		// decided when the answer's drop was seen
 		p.Cause, p.Reason, p.Location, p.NetNS = x.replyCause, x.replyReason, x.replyLoc, x.replyNS
+		return p
 	}
+	ev := &c.evidence
+	*ev = evidence{seen: seenNothing}
+	p.Cause = decide(ev).cause
 	return p
 }
 
@@ -140,14 +145,23 @@ func (c *Correlator) rescued(q *query, ns uint32, loser, winner event.CT, wqid u
 		return
 	}
 	c.counted[lk] = t
-	inc := c.newIncident(q, CauseClashResolved, rescuedRace(loser, winner))
+	ev := &c.evidence
+	*ev = evidence{seen: seenRescue}
+	rule := decide(ev)
+	var race string
+	if rule.raced {
+		race = rescuedRace(loser, winner)
+	}
+	inc := c.newIncident(q, rule.cause, race)
 	inc.NodeNetNS = ns
 	zero := 0.0
 	inc.StallMs = &zero
 	if winner.Ptr != 0 {
 		inc.Winner = c.flowOf(winner, wqid)
 	}
-	c.attributed(ns).ClashResolve++
+	if rule.clashResolve {
+		c.attributed(ns).ClashResolve++
+	}
 	c.emit(inc, q)
 }
 

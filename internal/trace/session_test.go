@@ -36,7 +36,7 @@ func TestTicksRunAtTheRecordsTime(t *testing.T) {
 	s.corr = correlate.New(correlate.Config{
 		Counters:   nodeCounters{node: {InsertFailed: 1, Drop: 1}},
 		ReasonName: func(uint32) string { return "NETFILTER_DROP" },
-		Location:   func(uint64) string { return "nf_hook_slow+0x7d" },
+		Symbol:     func(uint64) (string, uint64, bool) { return "nf_hook_slow", 0x7d, true },
 		OnIncident: s.incident,
 	})
 	qid := uint64(0)
