@@ -105,6 +105,9 @@ type pendingDrop struct {
 	reason   uint32
 	location uint64
 	timeNs   uint64
+	// sentNs: when the dropped query was sent (a freed entry: timeNs),
+	// for OldestOpen.
+	sentNs uint64
 }
 
 // lossKey names one loser: its entry's address and its original tuple.
@@ -146,6 +149,9 @@ type Correlator struct {
 	// openLog is opens by opening, oldest first, for the cap; closed
 	// ones leave it lazily.
 	openLog fifo[*open]
+	// pendFrom: no query before this place in the order log (seq) waits
+	// for its answer (oldestPending).
+	pendFrom uint64
 	// kernelNow: the kernel's counters read for this batch of drops
 	kernelNow map[uint32]ctstats.Counters
 	// counted: losers counted as rescued in the last lossWindow (-> when).
@@ -198,16 +204,50 @@ func (c *Correlator) Stats() Stats {
 		StallsReportedEarly: c.early}
 }
 
-// OldestOpen is when the oldest stall still in progress started
-// (CLOCK_MONOTONIC ns); 0 when none is.
+// OldestOpen is the earliest start (CLOCK_MONOTONIC ns) of a stall not
+// reported yet: of the oldest stall in progress, or the send of the oldest
+// query that may still be found lost (unanswered, or dropped and not
+// decided yet), which would start a stall then; 0 when there is none. A
+// writer that puts stalls in the order they started can write every
+// reported stall that started before it: no stall reported later started
+// earlier.
 func (c *Correlator) OldestOpen() uint64 {
 	var oldest uint64
-	for o := range c.opens {
-		if oldest == 0 || o.firstNs < oldest {
-			oldest = o.firstNs
+	take := func(t uint64) {
+		if oldest == 0 || t < oldest {
+			oldest = t
 		}
 	}
+	for o := range c.opens {
+		take(o.firstNs)
+	}
+	if q := c.oldestPending(); q != nil {
+		take(q.sentNs)
+	}
+	// Drops of queries not waiting for an answer (first seen where it
+	// cannot be seen), or freed entries of rescued races.
+	for i := range c.drops.len() {
+		take(c.drops.at(i).sentNs)
+	}
 	return oldest
+}
+
+// oldestPending is the first query in order of sighting still waiting for
+// its answer. A query never waits again once it stops, so the walk goes
+// on from where the last one stopped: each query is passed once.
+func (c *Correlator) oldestPending() *query {
+	ix := &c.ix
+	i := max(c.pendFrom, ix.popped)
+	for ; i < ix.pushed; i++ {
+		if q := *ix.order.at(int(i - ix.popped)); !q.dead && q.state == statePending {
+			break
+		}
+	}
+	c.pendFrom = i
+	if i == ix.pushed {
+		return nil
+	}
+	return *ix.order.at(int(i - ix.popped))
 }
 
 // Attributed returns what was explained, per namespace of the drop.
@@ -315,11 +355,12 @@ func (c *Correlator) Handle(e *event.Event) {
 			c.answerDropped(e)
 			return
 		}
-		if c.ix.lookup(e.QID) == nil {
+		q := c.ix.lookup(e.QID)
+		if q == nil {
 			return
 		}
 		d := pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), kind: e.Kind, qid: e.QID, netns: e.NetNS,
-			ct: e.CT, reason: e.Reason, location: e.Location, timeNs: e.TimeNs}
+			ct: e.CT, reason: e.Reason, location: e.Location, timeNs: e.TimeNs, sentNs: q.sentNs}
 		if e.Flags&event.FlagWinner != 0 {
 			w := e.Winner
 			d.winner, d.wqid = &w, e.WinnerQID
@@ -353,7 +394,7 @@ func (c *Correlator) Handle(e *event.Event) {
 		// The loser's query is the one its socket sent last, once its
 		// packet has been seen (it leaves after the free): decided later.
 		c.drops.push(pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), kind: e.Kind,
-			netns: e.NetNS, ct: e.CT, timeNs: e.TimeNs})
+			netns: e.NetNS, ct: e.CT, timeNs: e.TimeNs, sentNs: e.TimeNs})
 	case event.KindRcvbufFull:
 		c.rcvbufFull(e)
 	}
