@@ -14,13 +14,16 @@ import (
 type Config struct {
 	// MinRetryGap: a later query for the same name from the same
 	// namespace is a retry only when sent at least this long after the
-	// lost one (A and AAAA of one attempt leave within microseconds).
+	// lost one (A and AAAA of one attempt leave within microseconds); the
+	// queries of a retry's attempt are the resends sent within it of the
+	// retry.
 	MinRetryGap time.Duration
 	// ClassifyDelay: how long a drop waits for the winner's records and
 	// the counters before it is classified.
 	ClassifyDelay time.Duration
 	// QueryTTL: an unanswered query with no retry is declared lost after
-	// this long, and an open stall with no retry is closed (retried=false).
+	// this long, and an open stall with no retry is closed this long after
+	// its latest attempt began (retried=false).
 	QueryTTL time.Duration
 	// ResolverTimeout: at Close, a query unanswered for this long is lost
 	// (its resolver has given up on it already).
@@ -30,7 +33,8 @@ type Config struct {
 	MaxQueries int
 	// MaxStalls caps the stalls in progress (lost queries waiting for
 	// their retry); past it the oldest is reported at once, as not
-	// retried, and counted.
+	// retried (or at its retry, if that retry's attempt was under way),
+	// and counted.
 	MaxStalls int
 	// ReasonName maps an skb drop reason value to its name in the
 	// kernel's enum skb_drop_reason ("NETFILTER_DROP"): "" where the
@@ -47,7 +51,8 @@ type Config struct {
 	// Counters are the kernel's per-namespace conntrack deltas; nil when
 	// unavailable (then drops without event evidence count as rule_drop).
 	Counters CounterSource
-	// OnIncident receives every incident, in the order they close.
+	// OnIncident receives every incident, in the order they close (one
+	// per stalled lookup, at the retry whose attempt lost nothing).
 	OnIncident func(*Incident)
 	// Wall converts a CLOCK_MONOTONIC time in ns to wall time.
 	Wall func(mono uint64) time.Time
@@ -140,15 +145,18 @@ type Correlator struct {
 	evidence  evidence       // decide's scratch
 	compactAt uint64         // when Tick next gives the drops' memory back
 	opens     map[*open]bool // stalls in progress
-	// openLow is at most the start of every stall in progress (their
-	// earliest as of the last walk): expire walks opens only once one may
-	// be past QueryTTL. A walk at every tick cost a flood of drops, which
-	// keeps MaxStalls stalls open, a cache miss per stall: 7% of the
-	// tracer's CPU in dnsrace bench's loopback flood.
+	// openLow is at most lastAttempt of every stall in progress (their
+	// earliest as of the last walk): expire walks
+	// opens only once one may be past QueryTTL. A walk at every tick cost
+	// a flood of drops, which keeps MaxStalls stalls open, a cache miss
+	// per stall: 7% of the tracer's CPU in dnsrace bench's loopback flood.
 	openLow uint64
 	// openLog is opens by opening, oldest first, for the cap; closed
 	// ones leave it lazily.
 	openLog fifo[*open]
+	// waiting: stalls waiting for their retry's attempt to end (some
+	// already ended, or gone on; endAttempts drops them).
+	waiting []*open
 	// pendFrom: no query before this place in the order log (seq) waits
 	// for its answer (oldestPending).
 	pendFrom uint64
@@ -474,6 +482,7 @@ func (c *Correlator) Tick(now uint64) {
 		now = c.lastNs
 	}
 	c.classifyDue(now, false)
+	c.endAttempts(now)
 	c.expire(now)
 	// A tick may empty the drops' log and the next refill it: shrunk at
 	// every tick, a flood of drops regrew it (copying) as often.
@@ -657,10 +666,10 @@ func (c *Correlator) expire(now uint64) {
 	if len(c.opens) > 0 && c.openLow+ttl <= now {
 		low := uint64(math.MaxUint64)
 		for o := range c.opens {
-			if o.firstNs+ttl <= now {
-				c.closeOpen(o, now, false)
+			if at := c.lastAttempt(o); at+ttl <= now {
+				c.finish(o, now)
 			} else {
-				low = min(low, o.firstNs)
+				low = min(low, at)
 			}
 		}
 		c.openLow = low
@@ -689,9 +698,10 @@ func (c *Correlator) evictOldest(keep int) {
 }
 
 // Close classifies every pending drop and closes every open stall (as not
-// retried). A query still waiting is lost only if its answer was seen
-// dropped or it has waited a whole resolver timeout by now (CLOCK_MONOTONIC
-// ns): otherwise the trace ended, not the wait. Call it once, at the end.
+// retried, or at its retry if the retry's attempt was under way). A query
+// still waiting is lost only if its answer was seen dropped or it has
+// waited a whole resolver timeout by now (CLOCK_MONOTONIC ns): otherwise
+// the trace ended, not the wait. Call it once, at the end.
 func (c *Correlator) Close(now uint64) {
 	c.classifyDue(0, true)
 	for i := range c.ix.order.len() {
@@ -701,7 +711,7 @@ func (c *Correlator) Close(now uint64) {
 	}
 	end := max(now, c.lastNs)
 	for o := range c.opens {
-		c.closeOpen(o, end, false)
+		c.finish(o, end)
 	}
 }
 

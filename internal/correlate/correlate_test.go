@@ -88,6 +88,16 @@ func (h *harness) answer(t uint64, qid uint64) {
 	h.c.Handle(&event.Event{Kind: event.KindAnswer, QID: qid, TimeNs: t, Flags: event.FlagResponse})
 }
 
+// retried sends a lookup's retry (a resend: the lost query's id), its
+// answer a millisecond later, and a tick once its attempt is over
+// (MinRetryGap): the stall ends at a retry whose attempt lost nothing.
+func (h *harness) retried(t uint64, ns uint32, src netip.AddrPort, id, qtype uint16) uint64 {
+	q := h.query(t, ns, src, id, qtype)
+	h.answer(t+ms, q)
+	h.c.Tick(t + uint64(h.c.cfg.MinRetryGap))
+	return q
+}
+
 func (h *harness) handle(e *event.Event) { h.c.Handle(e) }
 
 // entry is a conntrack entry of a pod's flow to the VIP, DNATed to the
@@ -164,7 +174,7 @@ func TestInsertRaceReplyClash(t *testing.T) {
 	if len(h.incidents) != 0 {
 		t.Fatal("incident before the retry")
 	}
-	h.query(5*uint64(time.Second), podA, srcA, 1, dns.TypeA) // glibc's retry: same socket, same id
+	h.retried(5*uint64(time.Second), podA, srcA, 1, dns.TypeA) // glibc's retry: same socket, same id
 	inc := h.only(CauseInsertRace)
 	if race(inc) != RaceReplyClash || inc.StallMs == nil || *inc.StallMs < 4999 || !inc.Retried {
 		t.Errorf("incident %+v", inc)
@@ -221,7 +231,7 @@ func TestInsertRaceConfirmDropSameTuple(t *testing.T) {
 	h.handle(withWinner(&event.Event{Kind: event.KindConfirmDrop, QID: aaaa, TimeNs: 40, NetNS: node, CT: loser}, winner, 0))
 	h.handle(drop(41, aaaa, reasonNetfilter, 1, loser))
 	h.c.Tick(400 * ms)
-	h.query(5*uint64(time.Second), podA, srcA, 2, dns.TypeAAAA)
+	h.retried(5*uint64(time.Second), podA, srcA, 2, dns.TypeAAAA)
 	inc := h.only(CauseInsertRace)
 	if race(inc) != RaceSameTuple || inc.Winner == nil || inc.Winner.Src != srcA {
 		t.Errorf("race %s winner %+v", race(inc), inc.Winner)
@@ -315,7 +325,7 @@ func TestAnswerDrops(t *testing.T) {
 				e.DNS.SetQName("svc-00.lab.test")
 			}
 			h.handle(e)
-			h.query(5*uint64(time.Second), podA, srcA, 1, dns.TypeA)
+			h.retried(5*uint64(time.Second), podA, srcA, 1, dns.TypeA)
 			inc := h.only(c.cause)
 			if inc.Lost[0].NetNS != node || !inc.Retried {
 				t.Errorf("incident %+v", inc)
@@ -331,7 +341,7 @@ func TestRcvbufFullBySocket(t *testing.T) {
 	h.query(0, podA, srcA, 1, dns.TypeA)
 	h.handle(&event.Event{Kind: event.KindRcvbufFull, TimeNs: ms, NetNS: podA, Flags: event.FlagResponse,
 		Packet: event.Tuple{Src: vip, Dst: srcA, Proto: 17}})
-	h.query(5*uint64(time.Second), podA, srcA, 1, dns.TypeA)
+	h.retried(5*uint64(time.Second), podA, srcA, 1, dns.TypeA)
 	h.only(CauseRcvbufFull)
 }
 
@@ -529,7 +539,8 @@ func TestStallLogShrinks(t *testing.T) {
 	}
 	h.c.Tick(400 * ms)
 	for i := range n {
-		h.query(5*uint64(time.Second), uint32(1000+i), srcA, uint16(i), dns.TypeA)
+		// another id: not a resend, so the query ends the stall at once
+		h.query(5*uint64(time.Second), uint32(1000+i), srcA, uint16(i+1), dns.TypeA)
 	}
 	if len(h.incidents) != n || len(h.c.opens) != 0 || h.c.openLog.len() != n {
 		t.Fatalf("%d incidents, %d stalls open, %d in the log; want %d, 0, %d", len(h.incidents), len(h.c.opens), h.c.openLog.len(), n, n)
@@ -551,7 +562,7 @@ func TestOpenStallHoldsItsQueries(t *testing.T) {
 	for i := range 6 { // evicts a, reuses structs
 		h.query(uint64(500+i)*ms, podB, netip.AddrPortFrom(srcB.Addr(), uint16(5000+i)), uint16(10+i), dns.TypeA)
 	}
-	h.query(5*uint64(time.Second), podA, srcA, 1, dns.TypeA)
+	h.retried(5*uint64(time.Second), podA, srcA, 1, dns.TypeA)
 	inc := h.only(CauseInsertRace)
 	if inc.QName != "svc-00.lab.test" || inc.NetNS != podA || inc.Src != srcA || !inc.Retried {
 		t.Errorf("incident %+v", inc)

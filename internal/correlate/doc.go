@@ -1,6 +1,7 @@
 // Package correlate turns the tracer's records into incidents: one per
-// resolver timeout a lookup waited out, saying which query was lost and why,
-// plus one per conntrack race the kernel rescued.
+// lookup that waited out a resolver timeout (or several), saying which
+// queries were lost and why, plus one per conntrack race the kernel
+// rescued.
 //
 // The kernel side (bpf/dnsrace.bpf.c) owns each flow and names every query
 // with an id (QID): a Query record when it is first seen, an Answer record
@@ -10,9 +11,22 @@
 // groups lost queries into stalls (stalls.go).
 //
 // A query is lost when it is dropped, or when a retry for the same name
-// leaves the same namespace while it is still unanswered. The retry closes
-// the stall: the stall is the time from the lost query to the retry (about
-// 5 s for glibc, 2.5 s for musl). A and AAAA of one attempt share a stall.
+// leaves the same namespace while it is still unanswered. A stall is one
+// lookup's: A and AAAA of one attempt share it, and so do the lookup's
+// next attempts when they lose a query too. A retry that resends one of
+// the stall's lost queries or its A/AAAA sibling (the same type and DNS
+// id: glibc and musl resend a lookup's queries as they were, and glibc's
+// next attempt starts with A even when only AAAA was lost) begins the
+// lookup's next attempt: the stall ends at that retry once every query of
+// the attempt (the resends within MinRetryGap of the retry) is answered,
+// and goes on if one is lost. Any other later query for the name
+// (another lookup, or a resolver that draws new ids each attempt, as Go's
+// does) ends the stall at once. The stall is the time from the first lost
+// query to the retry that ended it (about 5 s a timeout for glibc, 2.5 s
+// for musl); with no retry it ends QueryTTL after its latest attempt
+// began, not retried. Stalls are reported as they end; OldestOpen bounds
+// when the stalls not reported yet began, so a writer can put them in the
+// order they began.
 //
 // What a lost query died of, and what a race the kernel rescued was
 // (rules.go, rules: the first row that matches the evidence wins). A

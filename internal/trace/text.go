@@ -17,11 +17,12 @@ import (
 // pod or namespace.
 const rescuedEvery = 10 * time.Second
 
-// TextWriter writes incidents for a person at a terminal: a stall is a
-// headline (time, cause, who, question, stall) and indented detail lines;
-// stalls come out in the order they started; races the kernel rescued are
-// summed up per pod or namespace at most every 10 s (ShowResolved lists
-// each). Not safe for concurrent use: the session's reader drives it.
+// TextWriter writes incidents for a person at a terminal: a stall (one
+// stalled lookup, however many attempts it lost) is a headline (time,
+// cause, who, question, stall) and indented detail lines; stalls come out
+// in the order they started; races the kernel rescued are summed up per
+// pod or namespace at most every 10 s (ShowResolved lists each). Not safe
+// for concurrent use: the session's reader drives it.
 type TextWriter struct {
 	w            io.Writer
 	showResolved bool
