@@ -139,15 +139,15 @@ func floodStream(c *correlate.Correlator, sock func(uint64) netip.AddrPort, drop
 // flood as the tracer records it (measured 2 Dec 2026: 0.42 drops per
 // answered query, every one a query freed at the server's full receive
 // buffer, a local_drop stall of its own): one client socket, a new name
-// each query, every third query dropped with its reason and location (named
-// as the session names them, through fmt), every incident made a
+// each query, every third query dropped with its reason and location (its
+// symbol looked up as the session looks it up), every incident made a
 // JSON line the way the session's writer makes it. One b.N is one query.
 func BenchmarkRcvbufFlood(b *testing.B) {
 	var line []byte
 	var incidents int
 	c := correlate.New(correlate.Config{
 		ReasonName: func(uint32) string { return "SOCKET_RCVBUFF" },
-		Location:   func(a uint64) string { return fmt.Sprintf("%s+0x%x", "udp_queue_rcv_one_skb", a&0xfff) },
+		Symbol:     func(a uint64) (string, uint64, bool) { return "udp_queue_rcv_one_skb", a & 0xfff, true },
 		OnIncident: func(inc *correlate.Incident) {
 			incidents++
 			line = append(inc.AppendJSON(line[:0]), '\n')

@@ -3,6 +3,7 @@ package correlate
 import (
 	"hash/maphash"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/dnsrace/dnsrace/internal/ctstats"
@@ -13,13 +14,16 @@ import (
 type Config struct {
 	// MinRetryGap: a later query for the same name from the same
 	// namespace is a retry only when sent at least this long after the
-	// lost one (A and AAAA of one attempt leave within microseconds).
+	// lost one (A and AAAA of one attempt leave within microseconds); the
+	// queries of a retry's attempt are the resends sent within it of the
+	// retry.
 	MinRetryGap time.Duration
 	// ClassifyDelay: how long a drop waits for the winner's records and
 	// the counters before it is classified.
 	ClassifyDelay time.Duration
 	// QueryTTL: an unanswered query with no retry is declared lost after
-	// this long, and an open stall with no retry is closed (retried=false).
+	// this long, and an open stall with no retry is closed this long after
+	// its latest attempt began (retried=false).
 	QueryTTL time.Duration
 	// ResolverTimeout: at Close, a query unanswered for this long is lost
 	// (its resolver has given up on it already).
@@ -29,16 +33,26 @@ type Config struct {
 	MaxQueries int
 	// MaxStalls caps the stalls in progress (lost queries waiting for
 	// their retry); past it the oldest is reported at once, as not
-	// retried, and counted.
+	// retried (or at its retry, if that retry's attempt was under way),
+	// and counted.
 	MaxStalls int
-	// ReasonName maps an skb drop reason value to its name.
+	// ReasonName maps an skb drop reason value to its name in the
+	// kernel's enum skb_drop_reason ("NETFILTER_DROP"): "" where the
+	// kernel has no drop reasons (before 5.17), and for a value the enum
+	// lacks anything that is no enum name (probe.DropReasonName gives
+	// "reason(7)"). The writers show what it gives; the rules read it only
+	// as an enum name. nil: no names ("reason(7)" shown).
 	ReasonName func(uint32) string
-	// Location formats a drop location ("nf_hook_slow+0x7d").
-	Location func(uint64) string
+	// Symbol names the kernel function at a drop location and the offset
+	// into it (ksym.Table.Lookup): the rules read the function, the
+	// writers show "nf_hook_slow+0x7d" (the bare address where ok is
+	// false). nil: no names.
+	Symbol func(addr uint64) (name string, off uint64, ok bool)
 	// Counters are the kernel's per-namespace conntrack deltas; nil when
 	// unavailable (then drops without event evidence count as rule_drop).
 	Counters CounterSource
-	// OnIncident receives every incident, in the order they close.
+	// OnIncident receives every incident, in the order they close (one
+	// per stalled lookup, at the retry whose attempt lost nothing).
 	OnIncident func(*Incident)
 	// Wall converts a CLOCK_MONOTONIC time in ns to wall time.
 	Wall func(mono uint64) time.Time
@@ -75,11 +89,8 @@ func (c *Config) defaults() {
 	if c.MaxStalls == 0 {
 		c.MaxStalls = DefaultMaxStalls
 	}
-	if c.ReasonName == nil {
-		c.ReasonName = func(v uint32) string { return "reason(" + itoa(int(v)) + ")" }
-	}
-	if c.Location == nil {
-		c.Location = func(uint64) string { return "" }
+	if c.Symbol == nil {
+		c.Symbol = func(uint64) (string, uint64, bool) { return "", 0, false }
 	}
 	if c.Wall == nil {
 		c.Wall = func(uint64) time.Time { return time.Time{} }
@@ -99,6 +110,9 @@ type pendingDrop struct {
 	reason   uint32
 	location uint64
 	timeNs   uint64
+	// sentNs: when the dropped query was sent (a freed entry: timeNs),
+	// for OldestOpen.
+	sentNs uint64
 }
 
 // lossKey names one loser: its entry's address and its original tuple.
@@ -128,18 +142,24 @@ type Correlator struct {
 	// copying the rest (a flood of drops holds tens of thousands).
 	drops     fifo[pendingDrop]
 	direct    []bool         // classifyDue's scratch
-	evidence  dropEvidence   // classify's scratch
+	evidence  evidence       // decide's scratch
 	compactAt uint64         // when Tick next gives the drops' memory back
 	opens     map[*open]bool // stalls in progress
-	// openLow is at most the start of every stall in progress (their
-	// earliest as of the last walk): expire walks opens only once one may
-	// be past QueryTTL. A walk at every tick cost a flood of drops, which
-	// keeps MaxStalls stalls open, a cache miss per stall: 7% of the
-	// tracer's CPU in dnsrace bench's loopback flood.
+	// openLow is at most lastAttempt of every stall in progress (their
+	// earliest as of the last walk): expire walks
+	// opens only once one may be past QueryTTL. A walk at every tick cost
+	// a flood of drops, which keeps MaxStalls stalls open, a cache miss
+	// per stall: 7% of the tracer's CPU in dnsrace bench's loopback flood.
 	openLow uint64
 	// openLog is opens by opening, oldest first, for the cap; closed
 	// ones leave it lazily.
 	openLog fifo[*open]
+	// waiting: stalls waiting for their retry's attempt to end (some
+	// already ended, or gone on; endAttempts drops them).
+	waiting []*open
+	// pendFrom: no query before this place in the order log (seq) waits
+	// for its answer (oldestPending).
+	pendFrom uint64
 	// kernelNow: the kernel's counters read for this batch of drops
 	kernelNow map[uint32]ctstats.Counters
 	// counted: losers counted as rescued in the last lossWindow (-> when).
@@ -148,7 +168,7 @@ type Correlator struct {
 	// strs interns question names by hash.
 	strs *[internSlots]interned
 	// locs caches drop locations by address: a flood of drops comes from a
-	// handful of places, and naming one (Config.Location) formats a string.
+	// handful of places, and naming one formats a string.
 	locs  [locSlots]location
 	comms [commSlots]struct {
 		b [16]byte
@@ -192,16 +212,50 @@ func (c *Correlator) Stats() Stats {
 		StallsReportedEarly: c.early}
 }
 
-// OldestOpen is when the oldest stall still in progress started
-// (CLOCK_MONOTONIC ns); 0 when none is.
+// OldestOpen is the earliest start (CLOCK_MONOTONIC ns) of a stall not
+// reported yet: of the oldest stall in progress, or the send of the oldest
+// query that may still be found lost (unanswered, or dropped and not
+// decided yet), which would start a stall then; 0 when there is none. A
+// writer that puts stalls in the order they started can write every
+// reported stall that started before it: no stall reported later started
+// earlier.
 func (c *Correlator) OldestOpen() uint64 {
 	var oldest uint64
-	for o := range c.opens {
-		if oldest == 0 || o.firstNs < oldest {
-			oldest = o.firstNs
+	take := func(t uint64) {
+		if oldest == 0 || t < oldest {
+			oldest = t
 		}
 	}
+	for o := range c.opens {
+		take(o.firstNs)
+	}
+	if q := c.oldestPending(); q != nil {
+		take(q.sentNs)
+	}
+	// Drops of queries not waiting for an answer (first seen where it
+	// cannot be seen), or freed entries of rescued races.
+	for i := range c.drops.len() {
+		take(c.drops.at(i).sentNs)
+	}
 	return oldest
+}
+
+// oldestPending is the first query in order of sighting still waiting for
+// its answer. A query never waits again once it stops, so the walk goes
+// on from where the last one stopped: each query is passed once.
+func (c *Correlator) oldestPending() *query {
+	ix := &c.ix
+	i := max(c.pendFrom, ix.popped)
+	for ; i < ix.pushed; i++ {
+		if q := *ix.order.at(int(i - ix.popped)); !q.dead && q.state == statePending {
+			break
+		}
+	}
+	c.pendFrom = i
+	if i == ix.pushed {
+		return nil
+	}
+	return *ix.order.at(int(i - ix.popped))
 }
 
 // Attributed returns what was explained, per namespace of the drop.
@@ -253,16 +307,39 @@ const locSlots = 64
 
 type location struct {
 	addr uint64
-	s    string
+	sym  string // the function, for the rules
+	s    string // "nf_hook_slow+0x7d", for the writers
 }
 
-// location names a drop location, from the cache when it can.
-func (c *Correlator) location(addr uint64) string {
+// location names a drop location, from the cache when it can: the
+// function that freed the packet (Config.Symbol; "" when unknown), and the
+// location as the writers show it, as ksym.Table.Format writes it.
+func (c *Correlator) location(addr uint64) (sym, shown string) {
 	e := &c.locs[(addr^addr>>6)&(locSlots-1)]
 	if e.addr != addr || addr == 0 {
-		*e = location{addr, c.cfg.Location(addr)}
+		*e = location{addr: addr}
+		if name, off, ok := c.cfg.Symbol(addr); ok {
+			e.sym = name
+			e.s = name + "+0x" + strconv.FormatUint(off, 16)
+		} else if addr != 0 {
+			e.s = "0x" + strconv.FormatUint(addr, 16)
+		}
 	}
-	return e.s
+	return e.sym, e.s
+}
+
+// reason names a drop reason value: its enum name for the rules ("" when
+// unknown), and what the writers show.
+func (c *Correlator) reason(v uint32) (r dropReason, shown string) {
+	r.value = v
+	if c.cfg.ReasonName == nil {
+		return r, "reason(" + itoa(int(v)) + ")"
+	}
+	shown = c.cfg.ReasonName(v)
+	if isEnumName(shown) {
+		r.name = shown
+	}
+	return r, shown
 }
 
 // Handle processes one record. It keeps nothing that e points to.
@@ -286,11 +363,12 @@ func (c *Correlator) Handle(e *event.Event) {
 			c.answerDropped(e)
 			return
 		}
-		if c.ix.lookup(e.QID) == nil {
+		q := c.ix.lookup(e.QID)
+		if q == nil {
 			return
 		}
 		d := pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), kind: e.Kind, qid: e.QID, netns: e.NetNS,
-			ct: e.CT, reason: e.Reason, location: e.Location, timeNs: e.TimeNs}
+			ct: e.CT, reason: e.Reason, location: e.Location, timeNs: e.TimeNs, sentNs: q.sentNs}
 		if e.Flags&event.FlagWinner != 0 {
 			w := e.Winner
 			d.winner, d.wqid = &w, e.WinnerQID
@@ -324,7 +402,7 @@ func (c *Correlator) Handle(e *event.Event) {
 		// The loser's query is the one its socket sent last, once its
 		// packet has been seen (it leaves after the free): decided later.
 		c.drops.push(pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), kind: e.Kind,
-			netns: e.NetNS, ct: e.CT, timeNs: e.TimeNs})
+			netns: e.NetNS, ct: e.CT, timeNs: e.TimeNs, sentNs: e.TimeNs})
 	case event.KindRcvbufFull:
 		c.rcvbufFull(e)
 	}
@@ -364,17 +442,24 @@ func (c *Correlator) answerDropped(e *event.Event) {
 	if q == nil || q.dead {
 		return
 	}
-	reason, loc := c.cfg.ReasonName(e.Reason), c.location(e.Location)
+	ev := &c.evidence
+	*ev = evidence{seen: seenAnswerDrop}
+	var reason, loc string
+	ev.reason, reason = c.reason(e.Reason)
+	ev.symbol, loc = c.location(e.Location)
 	x := q.extra()
-	x.replyCause, x.replyReason, x.replyLoc, x.replyNS = answerDropCause(reason, symbolOf(loc)), reason, loc, e.NetNS
+	x.replyCause, x.replyReason, x.replyLoc, x.replyNS = decide(ev).cause, reason, loc, e.NetNS
 }
 
 // rcvbufFull: an answer hit a full receive buffer: its query's, or (before
 // 6.10, no skb) every unanswered query of the socket.
 func (c *Correlator) rcvbufFull(e *event.Event) {
+	ev := &c.evidence
+	*ev = evidence{seen: seenRcvbufHook}
+	rule := decide(ev)
 	mark := func(q *query) {
 		x := q.extra()
-		x.replyCause, x.replyReason, x.replyNS = CauseRcvbufFull, "SOCKET_RCVBUFF", e.NetNS
+		x.replyCause, x.replyReason, x.replyNS = rule.cause, rule.shownReason, e.NetNS
 	}
 	if q := c.ix.lookup(e.QID); q != nil {
 		mark(q)
@@ -397,6 +482,7 @@ func (c *Correlator) Tick(now uint64) {
 		now = c.lastNs
 	}
 	c.classifyDue(now, false)
+	c.endAttempts(now)
 	c.expire(now)
 	// A tick may empty the drops' log and the next refill it: shrunk at
 	// every tick, a flood of drops regrew it (copying) as often.
@@ -486,16 +572,17 @@ func (c *Correlator) classify(d *pendingDrop) {
 		dw = *d.winner
 	}
 	winner, wqid := pickWinner(d.ct, dw, x.winnerCT, d.wqid, x.winnerQID)
-	reason, loc := c.cfg.ReasonName(d.reason), c.location(d.location)
 	// The rules are function values, so evidence passed to them escapes:
 	// it lives in the Correlator, not in a new object per drop.
 	ev := &c.evidence
-	*ev = dropEvidence{reason: reason, location: symbolOf(loc), ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(),
-		confirmDrop: x.confirmDrop, winner: winner.Ptr != 0}
+	*ev = evidence{seen: seenQueryDrop, ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(), confirmDrop: x.confirmDrop}
+	var reason, loc string
+	ev.reason, reason = c.reason(d.reason)
+	ev.symbol, loc = c.location(d.location)
 	if ev.netfilter() {
 		ev.insertBudget, ev.dropBudget = c.budget(d.netns)
 	}
-	rule := classifyDrop(ev)
+	rule := decide(ev)
 	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs, Cause: rule.cause,
 		Reason: reason, Location: loc, NetNS: d.netns}
 	a := c.attributed(d.netns)
@@ -506,7 +593,7 @@ func (c *Correlator) classify(d *pendingDrop) {
 		a.Drop++
 	}
 	q.nodeNS = d.netns
-	if rule.cause == CauseInsertRace {
+	if rule.raced {
 		p.Race = raceKind(d.ct, winner)
 		qx := q.extra()
 		qx.race = p.Race
@@ -579,10 +666,10 @@ func (c *Correlator) expire(now uint64) {
 	if len(c.opens) > 0 && c.openLow+ttl <= now {
 		low := uint64(math.MaxUint64)
 		for o := range c.opens {
-			if o.firstNs+ttl <= now {
-				c.closeOpen(o, now, false)
+			if at := c.lastAttempt(o); at+ttl <= now {
+				c.finish(o, now)
 			} else {
-				low = min(low, o.firstNs)
+				low = min(low, at)
 			}
 		}
 		c.openLow = low
@@ -611,9 +698,10 @@ func (c *Correlator) evictOldest(keep int) {
 }
 
 // Close classifies every pending drop and closes every open stall (as not
-// retried). A query still waiting is lost only if its answer was seen
-// dropped or it has waited a whole resolver timeout by now (CLOCK_MONOTONIC
-// ns): otherwise the trace ended, not the wait. Call it once, at the end.
+// retried, or at its retry if the retry's attempt was under way). A query
+// still waiting is lost only if its answer was seen dropped or it has
+// waited a whole resolver timeout by now (CLOCK_MONOTONIC ns): otherwise
+// the trace ended, not the wait. Call it once, at the end.
 func (c *Correlator) Close(now uint64) {
 	c.classifyDue(0, true)
 	for i := range c.ix.order.len() {
@@ -623,7 +711,7 @@ func (c *Correlator) Close(now uint64) {
 	}
 	end := max(now, c.lastNs)
 	for o := range c.opens {
-		c.closeOpen(o, end, false)
+		c.finish(o, end)
 	}
 }
 

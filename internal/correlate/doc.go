@@ -1,6 +1,7 @@
 // Package correlate turns the tracer's records into incidents: one per
-// resolver timeout a lookup waited out, saying which query was lost and why,
-// plus one per conntrack race the kernel rescued.
+// lookup that waited out a resolver timeout (or several), saying which
+// queries were lost and why, plus one per conntrack race the kernel
+// rescued.
 //
 // The kernel side (bpf/dnsrace.bpf.c) owns each flow and names every query
 // with an id (QID): a Query record when it is first seen, an Answer record
@@ -10,47 +11,78 @@
 // groups lost queries into stalls (stalls.go).
 //
 // A query is lost when it is dropped, or when a retry for the same name
-// leaves the same namespace while it is still unanswered. The retry closes
-// the stall: the stall is the time from the lost query to the retry (about
-// 5 s for glibc, 2.5 s for musl). A and AAAA of one attempt share a stall.
+// leaves the same namespace while it is still unanswered. A stall is one
+// lookup's: A and AAAA of one attempt share it, and so do the lookup's
+// next attempts when they lose a query too. A retry that resends one of
+// the stall's lost queries or its A/AAAA sibling (the same type and DNS
+// id: glibc and musl resend a lookup's queries as they were, and glibc's
+// next attempt starts with A even when only AAAA was lost) begins the
+// lookup's next attempt: the stall ends at that retry once every query of
+// the attempt (the resends within MinRetryGap of the retry) is answered,
+// and goes on if one is lost. Any other later query for the name
+// (another lookup, or a resolver that draws new ids each attempt, as Go's
+// does) ends the stall at once. The stall is the time from the first lost
+// query to the retry that ended it (about 5 s a timeout for glibc, 2.5 s
+// for musl); with no retry it ends QueryTTL after its latest attempt
+// began, not retried. Stalls are reported as they end; OldestOpen bounds
+// when the stalls not reported yet began, so a writer can put them in the
+// order they began.
 //
-// What a dropped query died of (rules.go, dropRules; first match wins; a
-// drop is classified a quarter second after it happened, so the winner's
-// records and the kernel's counter increments are in, and drops with direct
-// evidence of a race are classified first):
+// What a lost query died of, and what a race the kernel rescued was
+// (rules.go, rules: the first row that matches the evidence wins). A
+// dropped query is decided a quarter second after its drop, so the
+// winner's records and the kernel's counter increments are in, and drops
+// with direct evidence of a race are decided first. A query whose answer
+// was dropped is decided when the answer's drop is seen, and declared lost
+// as an unanswered one.
 //
-//	evidence                                                     cause          kernel counters explained
-//	netfilter drop, entry unconfirmed, and confirm said NF_DROP  insert_race    insert_failed, drop
-//	  or the namespace's insert_failed has room for it
-//	netfilter drop, no entry at all, and the namespace's drop    table_full     drop
-//	  counter has room for it
-//	any other netfilter drop                                     rule_drop      -
-//	any other drop                                               local_drop     -
+//	evidence                                                   cause            kernel counters explained
+//	query dropped by netfilter, its entry unconfirmed, and     insert_race      insert_failed, drop
+//	  confirm said NF_DROP or the namespace's insert_failed
+//	  has room for it
+//	query dropped by netfilter with no entry at all, and the   table_full       drop
+//	  namespace's drop counter has room for it
+//	any other query dropped by netfilter: a rule               rule_drop        -
+//	any other query dropped                                    local_drop       -
+//	answer dropped for NO_SOCKET, SOCKET_FILTER,               reply_unmatched  -
+//	  NETFILTER_DROP or IP_NOPROTO; without a reason, freed
+//	  by __udp4_lib_rcv, __udp6_lib_rcv or nf_hook_slow
+//	answer dropped for SOCKET_RCVBUFF or PROTO_MEM; without    rcvbuf_full      -
+//	  a reason, freed by udp_queue_rcv_one_skb,
+//	  __udp_queue_rcv_skb, udpv6_queue_rcv_one_skb or
+//	  __udpv6_queue_rcv_skb
+//	udp_fail_queue_rcv_skb fired for the asking socket (an     rcvbuf_full      -
+//	  answer its receive buffer refused)
+//	answer dropped for any other reason                        local_drop       -
+//	never answered, and neither the query nor its answer       no_reply         -
+//	  seen dropped
+//	a race the kernel rescued: the loser merged into the       clash_resolved   clash_resolve
+//	  winner's entry, inserted reply-only (IPS_NAT_CLASH), or
+//	  (tracepoint tier) its unconfirmed entry freed
 //
-// "Netfilter drop" is the drop reason NETFILTER_DROP, or before drop
-// reasons (5.17; 5.15.58 backport) a packet freed by nf_hook_slow.
+// "Dropped by netfilter" is the drop reason NETFILTER_DROP, or before drop
+// reasons (5.17; 5.15.58 backport) a packet freed by nf_hook_slow. "Without
+// a reason" is a kernel before drop reasons, NOT_SPECIFIED, or a value the
+// kernel's enum does not name. The evidence is typed where it is read: the
+// reason's enum name (Config.ReasonName) and the freeing function
+// (Config.Symbol), not the text the writers show.
 //
-// The race of an insert_race (raceKind): same_tuple when the winning entry
-// has the loser's original tuple (the same socket's other packet, A/AAAA),
-// reply_clash when it is another flow holding the loser's reply tuple (two
-// flows given the same SNAT mapping). The holder of the reply tuple wins
-// over the holder of the original tuple (pickWinner): the kernel drops a
-// loser whose original tuple clashed only when its reply tuple is taken too.
+// The race of an insert_race or a clash_resolved (rules.go, raceRules), by
+// the entry that won it:
 //
-// What a dropped answer did to its query (answerDropRules), used when the
-// query is declared lost:
+//	winner                                                     race
+//	none known                                                 -
+//	holds the loser's original tuple: the same socket's        same_tuple
+//	  other query (A/AAAA)
+//	another flow holding the loser's reply tuple: two flows    reply_clash
+//	  given the same SNAT mapping
 //
-//	drop reason (or, without reasons, the freeing function)          cause
-//	NO_SOCKET, SOCKET_FILTER, NETFILTER_DROP, IP_NOPROTO              reply_unmatched
-//	  (__udp4_lib_rcv, __udp6_lib_rcv, nf_hook_slow)
-//	SOCKET_RCVBUFF, PROTO_MEM (udp_queue_rcv_one_skb, ...)            rcvbuf_full
-//	anything else                                                     local_drop
-//
-// A query never answered and never seen dropped is no_reply. A race the
-// kernel rescued (the loser merged into the winner, or inserted reply-only
-// with IPS_NAT_CLASH, kernel >= 5.6) is one clash_resolved incident per
-// loser, counted against the kernel's clash_resolve; its race is same_tuple
-// unless the winner says otherwise. In the tracepoint tier a merged loser
+// A race the kernel rescued with no winner known is same_tuple: the kernel
+// rescues those by merging. The holder of the reply tuple wins over the
+// holder of the original tuple (pickWinner): the kernel drops a loser whose
+// original tuple clashed only when its reply tuple is taken too. A rescued
+// race is one clash_resolved incident per loser (kernel >= 5.6), counted
+// against the kernel's clash_resolve. In the tracepoint tier a merged loser
 // shows only as its freed unconfirmed entry, named by its original tuple:
 // the loser is the last query its socket sent.
 //

@@ -130,8 +130,10 @@ type Retry struct {
 	Dst   netip.AddrPort `json:"dst"`
 }
 
-// Incident is one resolver timeout waited out (or one race the kernel
-// rescued, cause clash_resolved, with no stall).
+// Incident is one lookup that waited out one or more resolver timeouts:
+// the lost queries of all its attempts, its cause the first lost query's
+// (each lost packet has its own). Or one race the kernel rescued, cause
+// clash_resolved, with no stall.
 type Incident struct {
 	Type    string         `json:"type"` // "incident"
 	ID      uint64         `json:"id"`

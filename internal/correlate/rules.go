@@ -1,141 +1,267 @@
 package correlate
 
 import (
-	"strings"
-
 	"github.com/dnsrace/dnsrace/internal/event"
 )
 
-// Every rule that names a cause lives in this file: a table from evidence
-// to cause, first match wins. doc.go mirrors the tables in words; a change
-// here changes both.
+// Every decision that names a cause lives in this file: one table from
+// evidence to cause, first match wins, and one from a race's winner to the
+// race's kind. doc.go says the same tables in words, row by row, and
+// TestDocTablesAreTheRules holds the two to each other: a row's why is its
+// words in doc.go.
 
-// dropEvidence is what is known about one dropped query when it is
-// classified (a quarter second after the drop, so the winner's records and
-// the kernel's counter increments are in).
-type dropEvidence struct {
-	reason   string // skb drop reason name; "" where the kernel has none
-	location string // the freeing function ("nf_hook_slow"), from the symbol
-	// The packet's conntrack entry: present, and confirmed.
+// seen is what the tracer saw of a lost query, or of a rescued one: the
+// first field of every rule's evidence.
+type seen uint8
+
+const (
+	// seenQueryDrop: the query was freed on its way (a drop record).
+	seenQueryDrop seen = iota + 1
+	// seenAnswerDrop: its answer was freed before the asker read it.
+	seenAnswerDrop
+	// seenRcvbufHook: udp_fail_queue_rcv_skb fired for the asking socket:
+	// its receive buffer refused an answer (before 6.10 it names the socket
+	// only, not the packet).
+	seenRcvbufHook
+	// seenNothing: never answered, and neither the query nor its answer
+	// seen dropped.
+	seenNothing
+	// seenRescue: the kernel resolved the query's conntrack race without
+	// losing it: merged into the winner's entry, inserted reply-only
+	// (IPS_NAT_CLASH), or, in the tracepoint tier, its unconfirmed entry
+	// freed.
+	seenRescue
+)
+
+// dropReason is an skb drop reason as a drop record carries it: its value,
+// and its name in the running kernel's enum skb_drop_reason when one is
+// known.
+type dropReason struct {
+	value uint32
+	// name is the enum's name of value ("NETFILTER_DROP"); "" where the
+	// kernel has no drop reasons (before 5.17) or its enum lacks the value.
+	name string
+}
+
+// given: the kernel said why it dropped the packet (a known reason, other
+// than NOT_SPECIFIED).
+func (r dropReason) given() bool { return r.name != "" && r.name != "NOT_SPECIFIED" }
+
+// evidence is what is known about one lost (or rescued) query when its
+// cause is decided: for a dropped query, a quarter second after the drop,
+// so the winner's records and the kernel's counter increments are in.
+type evidence struct {
+	seen   seen
+	reason dropReason // of the drop seen, if any
+	// symbol is the kernel function that freed the packet
+	// ("nf_hook_slow"), from the symbol table; "" when unknown.
+	symbol string
+	// The dropped query's conntrack entry: present, and confirmed.
 	ct, confirmed bool
 	// The confirm hook (fentry/kprobe) saw NF_DROP for it.
 	confirmDrop bool
-	// The entry holding its tuple is known (either tier).
-	winner bool
 	// The kernel's counters in the drop's namespace, minus what was
-	// attributed there so far.
+	// attributed there so far (read only for netfilter drops).
 	insertBudget, dropBudget int64
 }
 
-// netfilter: a netfilter verdict dropped it: the drop reason says so, or,
-// before drop reasons (5.17; 5.15.58 backport), nf_hook_slow freed it.
-func (e *dropEvidence) netfilter() bool {
-	if e.reason == "NETFILTER_DROP" {
-		return true
-	}
-	return noReason(e.reason) && e.location == "nf_hook_slow"
+// Netfilter drops: a netfilter verdict dropped the packet when the drop
+// reason says so, or, before drop reasons (5.17; 5.15.58 backport), when
+// nf_hook_slow freed it.
+const (
+	netfilterReason = "NETFILTER_DROP"
+	netfilterSymbol = "nf_hook_slow"
+)
+
+// netfilter: a netfilter verdict dropped the packet.
+func (e *evidence) netfilter() bool {
+	return e.reason.name == netfilterReason || !e.reason.given() && e.symbol == netfilterSymbol
 }
 
-// noReason: the record carries no usable drop reason (a kernel before
-// 5.17, or a path that does not set one).
-func noReason(name string) bool {
-	return name == "" || name == "NOT_SPECIFIED" || strings.HasPrefix(name, "reason(")
-}
-
-type dropRule struct {
-	why   string // in words, as doc.go says it
-	when  func(*dropEvidence) bool
+// rule is one row of the table: the evidence it matches and the cause it
+// names.
+type rule struct {
+	why  string // the row in words, exactly as doc.go's table says it
+	seen seen
+	// reasons and symbols, when either is set, match a drop whose reason
+	// is one of reasons or, where the kernel gave no reason, whose freeing
+	// function is one of symbols.
+	reasons, symbols []string
+	// when, if set, must hold too.
+	when  func(*evidence) bool
 	cause string
-	// counts are the kernel counters the cause explains.
-	insertFailed, drop bool
+	// shownReason is the drop reason the writers show for evidence that
+	// carries none of its own (the receive buffer hook).
+	shownReason string
+	// raced: the cause is a conntrack race, whose kind raceRules name.
+	raced bool
+	// The kernel counters the cause explains, one packet each.
+	insertFailed, drop, clashResolve bool
 }
 
-// dropRules decide what a dropped query died of.
-var dropRules = []dropRule{
+func (r *rule) matches(e *evidence) bool {
+	if r.seen != e.seen {
+		return false
+	}
+	if len(r.reasons)+len(r.symbols) > 0 && !freedBy(e, r.reasons, r.symbols) {
+		return false
+	}
+	return r.when == nil || r.when(e)
+}
+
+// freedBy: the drop's reason is one of reasons, or, without a reason, its
+// freeing function is one of symbols.
+func freedBy(e *evidence, reasons, symbols []string) bool {
+	for _, n := range reasons {
+		if e.reason.name == n {
+			return true
+		}
+	}
+	if e.reason.given() {
+		return false
+	}
+	for _, s := range symbols {
+		if e.symbol == s {
+			return true
+		}
+	}
+	return false
+}
+
+// rules decide what a lost query died of, and name a race the kernel
+// rescued. Each kind of evidence ends with a row that matches all of it.
+var rules = []rule{
 	{
-		why: "netfilter dropped it with its entry unconfirmed, and confirm said NF_DROP or the namespace's insert_failed has room for it",
-		when: func(e *dropEvidence) bool {
+		why: "query dropped by netfilter, its entry unconfirmed, and confirm said NF_DROP or the namespace's " +
+			"insert_failed has room for it",
+		seen: seenQueryDrop,
+		when: func(e *evidence) bool {
 			return e.netfilter() && e.ct && !e.confirmed && (e.confirmDrop || e.insertBudget > 0)
 		},
-		cause: CauseInsertRace, insertFailed: true, drop: true,
+		cause: CauseInsertRace, raced: true, insertFailed: true, drop: true,
 	},
 	{
-		why:   "netfilter dropped it with no entry at all, and the namespace's drop counter has room for it",
-		when:  func(e *dropEvidence) bool { return e.netfilter() && !e.ct && e.dropBudget > 0 },
+		why:   "query dropped by netfilter with no entry at all, and the namespace's drop counter has room for it",
+		seen:  seenQueryDrop,
+		when:  func(e *evidence) bool { return e.netfilter() && !e.ct && e.dropBudget > 0 },
 		cause: CauseTableFull, drop: true,
 	},
 	{
-		why:   "any other netfilter drop: a rule",
-		when:  (*dropEvidence).netfilter,
+		why:   "any other query dropped by netfilter: a rule",
+		seen:  seenQueryDrop,
+		when:  (*evidence).netfilter,
 		cause: CauseRuleDrop,
 	},
 	{
-		why:   "dropped for another reason on the way",
-		when:  func(*dropEvidence) bool { return true },
+		why:   "any other query dropped",
+		seen:  seenQueryDrop,
 		cause: CauseLocalDrop,
 	},
+	{
+		// not reverse-NATed: nothing listens on the tuple it carries
+		why: "answer dropped for NO_SOCKET, SOCKET_FILTER, NETFILTER_DROP or IP_NOPROTO; without a reason, " +
+			"freed by __udp4_lib_rcv, __udp6_lib_rcv or nf_hook_slow",
+		seen:    seenAnswerDrop,
+		reasons: []string{"NO_SOCKET", "SOCKET_FILTER", "NETFILTER_DROP", "IP_NOPROTO"},
+		symbols: []string{"__udp4_lib_rcv", "__udp6_lib_rcv", "nf_hook_slow"},
+		cause:   CauseReplyUnmatched,
+	},
+	{
+		// the asking socket's receive buffer was full
+		why: "answer dropped for SOCKET_RCVBUFF or PROTO_MEM; without a reason, freed by udp_queue_rcv_one_skb, " +
+			"__udp_queue_rcv_skb, udpv6_queue_rcv_one_skb or __udpv6_queue_rcv_skb",
+		seen:    seenAnswerDrop,
+		reasons: []string{"SOCKET_RCVBUFF", "PROTO_MEM"},
+		symbols: []string{"udp_queue_rcv_one_skb", "__udp_queue_rcv_skb", "udpv6_queue_rcv_one_skb", "__udpv6_queue_rcv_skb"},
+		cause:   CauseRcvbufFull,
+	},
+	{
+		why:         "udp_fail_queue_rcv_skb fired for the asking socket (an answer its receive buffer refused)",
+		seen:        seenRcvbufHook,
+		cause:       CauseRcvbufFull,
+		shownReason: "SOCKET_RCVBUFF",
+	},
+	{
+		why:   "answer dropped for any other reason",
+		seen:  seenAnswerDrop,
+		cause: CauseLocalDrop,
+	},
+	{
+		why:   "never answered, and neither the query nor its answer seen dropped",
+		seen:  seenNothing,
+		cause: CauseNoReply,
+	},
+	{
+		why: "a race the kernel rescued: the loser merged into the winner's entry, inserted reply-only " +
+			"(IPS_NAT_CLASH), or (tracepoint tier) its unconfirmed entry freed",
+		seen:  seenRescue,
+		cause: CauseClashResolved, raced: true, clashResolve: true,
+	},
 }
 
-// classifyDrop returns the first rule that matches e.
-func classifyDrop(e *dropEvidence) *dropRule {
-	for i := range dropRules {
-		if dropRules[i].when(e) {
-			return &dropRules[i]
+// decide returns the first rule that matches e. Every kind of evidence has
+// a last row that matches all of it.
+func decide(e *evidence) *rule {
+	for i := range rules {
+		if rules[i].matches(e) {
+			return &rules[i]
 		}
 	}
-	return &dropRules[len(dropRules)-1]
+	panic("correlate: no rule for evidence seen " + itoa(int(e.seen)))
 }
 
-// answerDropRules decide what a dropped answer did to its query, by drop
-// reason, or by the freeing function where the kernel has no reasons.
-var answerDropRules = []struct {
-	reasons, locations []string
-	cause              string
-}{
-	{ // not reverse-NATed: nothing listens on the tuple it carries
-		reasons:   []string{"NO_SOCKET", "SOCKET_FILTER", "NETFILTER_DROP", "IP_NOPROTO"},
-		locations: []string{"__udp4_lib_rcv", "__udp6_lib_rcv", "nf_hook_slow"},
-		cause:     CauseReplyUnmatched,
-	},
-	{ // the asking socket's receive buffer was full
-		reasons:   []string{"SOCKET_RCVBUFF", "PROTO_MEM"},
-		locations: []string{"udp_queue_rcv_one_skb", "__udp_queue_rcv_skb", "udpv6_queue_rcv_one_skb", "__udpv6_queue_rcv_skb"},
-		cause:     CauseRcvbufFull,
-	},
+// raceRule is one row of the table that names a race from the entry that
+// won it.
+type raceRule struct {
+	why  string // the row in words, exactly as doc.go's table says it
+	when func(loser, winner event.CT) bool
+	race string // "" for none known
 }
 
-// answerDropCause is the cause a dropped answer gives its query.
-func answerDropCause(reason, location string) string {
-	for _, r := range answerDropRules {
-		for _, n := range r.reasons {
-			if reason == n {
-				return r.cause
-			}
-		}
-		if noReason(reason) {
-			for _, l := range r.locations {
-				if location == l {
-					return r.cause
-				}
-			}
-		}
-	}
-	return CauseLocalDrop
-}
-
-// raceKind says which race a loser lost, given the entry that won: the
+// raceRules say which race a loser lost, given the entry that won: the
 // same original tuple (the same socket's other packet: A/AAAA), or the
 // same reply tuple from another flow (two flows given the same SNAT
-// mapping). Unknown without a winner.
+// mapping).
+var raceRules = []raceRule{
+	{
+		why:  "none known",
+		when: func(_, w event.CT) bool { return w.Ptr == 0 },
+	},
+	{
+		why:  "holds the loser's original tuple: the same socket's other query (A/AAAA)",
+		when: func(l, w event.CT) bool { return w.Orig == l.Orig },
+		race: RaceSameTuple,
+	},
+	{
+		why:  "another flow holding the loser's reply tuple: two flows given the same SNAT mapping",
+		when: func(event.CT, event.CT) bool { return true },
+		race: RaceReplyClash,
+	},
+}
+
+// rescuedRaceDefault is the race of a rescued loser whose winner is not
+// known: the kernel rescues same-tuple races (A/AAAA on one socket) by
+// merging them.
+const rescuedRaceDefault = RaceSameTuple
+
+// raceKind says which race a loser lost, given the entry that won; "" for
+// none known.
 func raceKind(loser, winner event.CT) string {
-	switch {
-	case winner.Ptr == 0:
-		return ""
-	case winner.Orig == loser.Orig:
-		return RaceSameTuple
-	default:
-		return RaceReplyClash
+	for _, r := range raceRules {
+		if r.when(loser, winner) {
+			return r.race
+		}
 	}
+	return ""
+}
+
+// rescuedRace is the race of a loser the kernel rescued (merged, or
+// inserted reply-only): a same-tuple race unless the winner says otherwise.
+func rescuedRace(loser, winner event.CT) string {
+	if r := raceKind(loser, winner); r != "" {
+		return r
+	}
+	return rescuedRaceDefault
 }
 
 // pickWinner chooses between two candidate winners of a loser's race (the
@@ -157,20 +283,18 @@ func pickWinner(loser event.CT, a, b event.CT, aq, bq uint64) (event.CT, uint64)
 	return b, bq
 }
 
-// rescuedRace is the race of a loser the kernel rescued (merged, or
-// inserted reply-only): a same-tuple race unless the winner says otherwise.
-func rescuedRace(loser, winner event.CT) string {
-	if r := raceKind(loser, winner); r != "" {
-		return r
+// isEnumName: s is a C enum constant's name (NETFILTER_DROP), as
+// Config.ReasonName gives for a value the kernel's enum names; anything
+// else it gives ("", or probe.DropReasonName's "reason(7)" for a value the
+// enum lacks) names none.
+func isEnumName(s string) bool {
+	if s == "" {
+		return false
 	}
-	return RaceSameTuple
-}
-
-// symbolOf is the function name of a formatted location ("nf_hook_slow"
-// of "nf_hook_slow+0x7d").
-func symbolOf(loc string) string {
-	if i := strings.IndexByte(loc, '+'); i >= 0 {
-		return loc[:i]
+	for i := 0; i < len(s); i++ {
+		if ch := s[i]; !('A' <= ch && ch <= 'Z' || '0' <= ch && ch <= '9' || ch == '_') {
+			return false
+		}
 	}
-	return loc
+	return true
 }

@@ -1,31 +1,86 @@
 package correlate
 
-import "github.com/dnsrace/dnsrace/internal/event"
+import (
+	"slices"
 
-// This file turns lost queries into stalls: a query is lost when it is
-// dropped, or when a retry for the same name leaves the same namespace
-// while it is still unanswered; the lost queries of one lookup attempt
-// share one stall, which the retry ends. Races the kernel rescued are
-// incidents too, with no stall.
+	"github.com/dnsrace/dnsrace/internal/event"
+)
 
-// open is a stall in progress: lost queries of one lookup attempt. Its
-// incident, and room for the usual one lost query, are part of it: a
-// flood of drops opens tens of thousands of stalls a second, and one
-// allocation each is a quarter of four.
+// This file turns lost queries into stalls, one per lookup: a query is
+// lost when it is dropped, or when a retry for the same name leaves the
+// same namespace while it is still unanswered. The lost queries of one
+// lookup attempt share one stall, and so do those of the lookup's next
+// attempts when they are lost too; the stall ends at the first retry whose
+// attempt loses nothing. Races the kernel rescued are incidents too, with
+// no stall.
+
+// open is a stall in progress: the lost queries of one lookup. Its
+// incident, and room for the usual one lost query, are part of it: a flood
+// of drops opens tens of thousands of stalls a second, and one allocation
+// each is a quarter of four. What only a stall that sees a retry needs is
+// in *retries, allocated then.
 type open struct {
 	inc     *Incident // &incident
 	key     nameKey
-	firstNs uint64
-	queries []*query
-	retry   *query // the query that ended the stall
+	firstNs uint64 // when its first lost query was sent
+	// attemptNs is when the lookup's latest attempt that lost a query
+	// began: firstNs, or the retry that began it. A query for the name
+	// MinRetryGap after it is the lookup's next attempt (its retry).
+	attemptNs uint64
+	queries   []*query // lost, in the order they were found lost
+	// retry is the query that ended the stall; while the retry's attempt
+	// is not over, the query that began the lookup's next attempt.
+	retry *query
+	// waiting: it is in Correlator.waiting.
+	waiting bool
+	// sib is the first lost query's A/AAAA sibling, found when the stall
+	// opened and held: a lookup that waits out several timeouts ends after
+	// its first attempt's queries are forgotten (QueryTTL).
+	sib *query
+	r   *retries
 
 	incident Incident
 	query1   [1]*query
 	lost1    [1]Packet
 }
 
+// retries is what a stall that sees a retry needs.
+type retries struct {
+	// attempt holds the queries of the retry's attempt (those sent
+	// within MinRetryGap of the retry that resend the lookup's) while the
+	// stall waits for it: the stall ends at the retry once they are all
+	// answered, and goes on if one is lost.
+	attempt []*query
+	// ids are the lookup's queries, type<<16 | DNS id: the lost ones
+	// (the stall's queries[:idsOf]) and their A/AAAA siblings (resends).
+	ids   []uint32
+	idsOf int
+
+	attempt1 [2]*query
+	ids1     [4]uint32
+}
+
+// retries returns o's retry state, allocating it on first use.
+func (o *open) retries() *retries {
+	if o.r == nil {
+		o.r = &retries{}
+		o.r.attempt, o.r.ids = o.r.attempt1[:0], o.r.ids1[:0]
+	}
+	return o.r
+}
+
+// attempt is the retry's attempt's queries (none without a retry).
+func (o *open) attempt() []*query {
+	if o.r == nil {
+		return nil
+	}
+	return o.r.attempt
+}
+
 // retry is called for every new query: an older unanswered query for the
-// same name in the same namespace is lost, and the stall it caused ends now.
+// same name in the same namespace is lost, and the stall in progress for
+// the name ends now, or, when the query resends one of the stall's (its
+// lookup's next attempt), once the attempt is over without a loss.
 func (c *Correlator) retry(q *query) {
 	s := c.ix.nameOfQuery(q)
 	if s == nil {
@@ -43,24 +98,138 @@ func (c *Correlator) retry(q *query) {
 		}
 		old = next
 	}
-	if o := s.open; o != nil && q.sentNs >= o.firstNs+gap {
+	o := s.open
+	switch {
+	case o == nil:
+	case o.retry == nil:
+		if q.sentNs < o.attemptNs+gap {
+			break
+		}
 		o.retry = q
-		c.closeOpen(o, q.sentNs, true)
+		if !c.resends(o, q) {
+			// Another lookup, or a resolver that asks anew each
+			// attempt (Go's): the stall ends here.
+			c.closeOpen(o, q.sentNs, true)
+			break
+		}
+		r := o.retries()
+		r.attempt = append(r.attempt[:0], q)
+		q.held = true
+		if !o.waiting {
+			o.waiting = true
+			c.waiting = append(c.waiting, o)
+		}
+	case q.sentNs < o.retry.sentNs+gap:
+		if c.resends(o, q) {
+			r := o.retries()
+			r.attempt = append(r.attempt, q)
+			q.held = true
+		}
+	case o.attemptOver():
+		c.closeOpen(o, o.retry.sentNs, true)
 	}
+}
+
+// resends: q asks again what one of the stall's lost queries asked, or the
+// A/AAAA sibling of one: the same type and DNS id. glibc and musl resend a
+// lookup's queries as they were (glibc's next attempt starts with A, even
+// when only AAAA was lost); Go's resolver draws new ids, so its next
+// attempt is taken for a new lookup, a stall of its own.
+func (c *Correlator) resends(o *open, q *query) bool {
+	// The siblings are looked up once, at the stall's first retry, while
+	// the first attempt's queries are still in flight.
+	r := o.retries()
+	for ; r.idsOf < len(o.queries); r.idsOf++ {
+		l := o.queries[r.idsOf]
+		r.ids = append(r.ids, lookupID(l))
+		if s := c.siblingQuery(l); s != nil {
+			r.ids = append(r.ids, lookupID(s))
+		}
+	}
+	return slices.Contains(r.ids, lookupID(q))
+}
+
+func lookupID(q *query) uint32 { return uint32(q.qtype)<<16 | uint32(q.id) }
+
+// attemptOver: every query of the retry's attempt was answered (a lost one
+// goes on the stall, and a dropped one stays unanswered until its drop is
+// decided).
+func (o *open) attemptOver() bool {
+	for _, q := range o.attempt() {
+		if !q.dead && q.state == statePending {
+			return false
+		}
+	}
+	return true
+}
+
+// nextAttempt makes the stall go on: the lookup's attempt that began at
+// at lost a query too. The stall waits for the lookup's next retry.
+func (c *Correlator) nextAttempt(o *open, at uint64) {
+	for _, q := range o.attempt() {
+		if q.state != stateLost { // the lost one is the stall's now
+			q.held = false
+			c.ix.recycle(q)
+		}
+	}
+	if r := o.r; r != nil {
+		clear(r.attempt)
+		r.attempt = r.attempt[:0]
+	}
+	o.retry, o.attemptNs = nil, at
+}
+
+// lastAttempt is when the stall's latest attempt began; for a stall
+// waiting for its retry's attempt, when that attempt's queries were all
+// sent (MinRetryGap after the retry). A stall ends, not retried, QueryTTL
+// after it: a query of the attempt waited that long is lost by then.
+func (c *Correlator) lastAttempt(o *open) uint64 {
+	if r := o.retry; r != nil {
+		return r.sentNs + uint64(c.cfg.MinRetryGap)
+	}
+	return o.attemptNs
+}
+
+// endAttempts ends the stalls whose retry's attempt is over by now,
+// without a loss, at their retry.
+func (c *Correlator) endAttempts(now uint64) {
+	gap := uint64(c.cfg.MinRetryGap)
+	n := 0
+	for _, o := range c.waiting {
+		switch {
+		case o.retry == nil || !c.opens[o]:
+			o.waiting = false
+			continue
+		case now >= o.retry.sentNs+gap && o.attemptOver():
+			o.waiting = false
+			c.closeOpen(o, o.retry.sentNs, true)
+			continue
+		}
+		c.waiting[n] = o
+		n++
+	}
+	clear(c.waiting[n:])
+	c.waiting = c.waiting[:n]
 }
 
 // unansweredLoss explains a query that was never answered and never seen
 // dropped: its answer was dropped, or nothing local saw it at all.
 func (c *Correlator) unansweredLoss(q *query) Packet {
-	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs, Cause: CauseNoReply}
+	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs}
 	if x := q.ext(); x.replyCause != "" {
+		// decided when the answer's drop was seen
 		p.Cause, p.Reason, p.Location, p.NetNS = x.replyCause, x.replyReason, x.replyLoc, x.replyNS
+		return p
 	}
+	ev := &c.evidence
+	*ev = evidence{seen: seenNothing}
+	p.Cause = decide(ev).cause
 	return p
 }
 
-// markLost records a lost query and adds it to the open stall of its
-// lookup (A and AAAA of one attempt share one stall).
+// markLost records a lost query and adds it to the stall in progress of
+// its lookup: A and AAAA of one attempt share one stall, and so do the
+// lookup's next attempts.
 func (c *Correlator) markLost(q *query, p Packet) {
 	if q.state != statePending && q.state != stateUnwatched {
 		return
@@ -69,21 +238,45 @@ func (c *Correlator) markLost(q *query, p Packet) {
 	c.lost++
 	s := c.ix.nameStateOf(q.nk)
 	o := s.open
-	if o != nil && q.sentNs >= o.firstNs+uint64(c.cfg.MinRetryGap) {
-		// An older stall whose retry was lost too: that retry ended it.
-		o.retry = q
-		c.closeOpen(o, q.sentNs, true)
-		o = nil
+	if o != nil {
+		gap := uint64(c.cfg.MinRetryGap)
+		switch r := o.retry; {
+		case r == nil && q.sentNs < o.attemptNs+gap, r != nil && q.sentNs < r.sentNs:
+			// of the latest attempt, or of an earlier one, found late
+		case c.resends(o, q):
+			// A later attempt lost it: the lookup waits on. It is the
+			// retry's, or a retry that left no trace before its loss
+			// (first seen where its answer cannot be).
+			at := q.sentNs
+			if r != nil && q.sentNs < r.sentNs+gap {
+				at = r.sentNs
+			}
+			c.nextAttempt(o, at)
+		default:
+			// Another lookup's query: it ended the stall (its retry
+			// unless the stall had one).
+			end := q.sentNs
+			if r != nil {
+				end = r.sentNs
+			} else {
+				o.retry = q
+			}
+			c.closeOpen(o, end, true)
+			o = nil
+		}
 	}
 	if o == nil {
 		c.capStalls(q.sentNs)
-		o = &open{key: q.nk, firstNs: q.sentNs}
+		o = &open{key: q.nk, firstNs: q.sentNs, attemptNs: q.sentNs}
 		o.inc, o.queries = &o.incident, o.query1[:0]
+		if o.sib = c.siblingQuery(q); o.sib != nil {
+			o.sib.held = true
+		}
 		c.fillIncident(o.inc, q, p.Cause, p.Race)
 		o.inc.Lost = o.lost1[:0]
 		s.open = o
-		if len(c.opens) == 0 || o.firstNs < c.openLow {
-			c.openLow = o.firstNs
+		if len(c.opens) == 0 || o.attemptNs < c.openLow {
+			c.openLow = o.attemptNs
 		}
 		c.opens[o] = true
 		c.openLog.push(o)
@@ -98,7 +291,7 @@ func (c *Correlator) markLost(q *query, p Packet) {
 func (c *Correlator) capStalls(now uint64) {
 	for len(c.opens) >= c.cfg.MaxStalls && c.openLog.len() > 0 {
 		if o := c.openLog.pop(); c.opens[o] {
-			c.closeOpen(o, now, false)
+			c.finish(o, now)
 			c.early++
 		}
 	}
@@ -140,15 +333,34 @@ func (c *Correlator) rescued(q *query, ns uint32, loser, winner event.CT, wqid u
 		return
 	}
 	c.counted[lk] = t
-	inc := c.newIncident(q, CauseClashResolved, rescuedRace(loser, winner))
+	ev := &c.evidence
+	*ev = evidence{seen: seenRescue}
+	rule := decide(ev)
+	var race string
+	if rule.raced {
+		race = rescuedRace(loser, winner)
+	}
+	inc := c.newIncident(q, rule.cause, race)
 	inc.NodeNetNS = ns
 	zero := 0.0
 	inc.StallMs = &zero
 	if winner.Ptr != 0 {
 		inc.Winner = c.flowOf(winner, wqid)
 	}
-	c.attributed(ns).ClashResolve++
-	c.emit(inc, q)
+	if rule.clashResolve {
+		c.attributed(ns).ClashResolve++
+	}
+	c.emit(inc, q, c.siblingQuery(q))
+}
+
+// finish ends a stall that no retry ended in time: at its retry if the
+// retry's attempt was still under way, else not retried.
+func (c *Correlator) finish(o *open, now uint64) {
+	if r := o.retry; r != nil {
+		c.closeOpen(o, r.sentNs, true)
+		return
+	}
+	c.closeOpen(o, now, false)
 }
 
 func (c *Correlator) closeOpen(o *open, endNs uint64, retried bool) {
@@ -180,26 +392,49 @@ func (c *Correlator) closeOpen(o *open, endNs uint64, retried bool) {
 	if inc.NodeNetNS == 0 {
 		inc.NodeNetNS = first.nodeNS
 	}
-	c.emit(inc, first)
-	for _, q := range o.queries {
-		q.held = false
-		c.ix.recycle(q)
+	c.emit(inc, first, o.sib)
+	// A query may be in two of these (a lost sibling): recycling it
+	// twice does nothing the second time.
+	for _, qs := range [][]*query{o.queries, o.attempt(), {o.sib}} {
+		for _, q := range qs {
+			if q != nil {
+				q.held = false
+				c.ix.recycle(q)
+			}
+		}
 	}
+	o.r, o.sib = nil, nil
 }
 
-func (c *Correlator) emit(inc *Incident, q *query) {
-	if s := c.sibling(q); s != nil {
-		inc.Sibling = s
+// emit hands inc, q's incident, to OnIncident, with q's sibling, if any,
+// as it is now.
+func (c *Correlator) emit(inc *Incident, q, sib *query) {
+	if sib != nil {
+		inc.Sibling = describeSibling(q, sib)
 	}
 	if c.cfg.OnIncident != nil {
 		c.cfg.OnIncident(inc)
 	}
 }
 
-// sibling finds the other query of q's A/AAAA pair: sent on the same
+// describeSibling describes other, the other query of q's A/AAAA pair
+// (siblingQuery).
+func describeSibling(q, other *query) *Sibling {
+	gap := int64(other.sentNs) - int64(q.sentNs)
+	if gap < 0 {
+		gap = -gap
+	}
+	return &Sibling{
+		QType: QType(other.qtype), ID: other.id, GapUs: float64(gap) / 1e3,
+		CPUs: [2]int{int(q.cpu), int(other.cpu)}, Answered: other.state == stateAnswered,
+		Lost: other.state == stateLost,
+	}
+}
+
+// siblingQuery finds the other query of q's A/AAAA pair: sent on the same
 // socket within MinRetryGap, another type, the same name; the first such
 // in order of sighting among the socket's recent queries.
-func (c *Correlator) sibling(q *query) *Sibling {
+func (c *Correlator) siblingQuery(q *query) *query {
 	r, n := c.ix.recentOnSocket(c.ix.socketHead(q.sock))
 	for i := n - 1; i >= 0; i-- {
 		other := r[i]
@@ -213,11 +448,7 @@ func (c *Correlator) sibling(q *query) *Sibling {
 		if gap > int64(c.cfg.MinRetryGap) {
 			continue
 		}
-		return &Sibling{
-			QType: QType(other.qtype), ID: other.id, GapUs: float64(gap) / 1e3,
-			CPUs: [2]int{int(q.cpu), int(other.cpu)}, Answered: other.state == stateAnswered,
-			Lost: other.state == stateLost,
-		}
+		return other
 	}
 	return nil
 }

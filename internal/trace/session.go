@@ -38,7 +38,7 @@ type Options struct {
 	// goroutine: one at a time, in order.
 	OnIncident func(*correlate.Incident)
 	// Correlate tunes the correlator (OnIncident, Counters, ReasonName,
-	// Location and Wall are set by the session).
+	// Symbol and Wall are set by the session).
 	Correlate correlate.Config
 	// ProcRoot is where /proc is (for kubectl debug: /host/proc).
 	ProcRoot string
@@ -164,7 +164,7 @@ func Start(opts Options) (*Session, error) {
 	s.monoOff = time.Duration(s.started.UnixNano() - ts.Nano())
 	cfg := opts.Correlate
 	cfg.ReasonName = probe.DropReasonName
-	cfg.Location = s.syms.Format
+	cfg.Symbol = s.syms.Lookup
 	cfg.Counters = s.ns
 	cfg.Wall = s.wall
 	cfg.OnIncident = s.incident

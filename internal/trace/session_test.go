@@ -36,7 +36,7 @@ func TestTicksRunAtTheRecordsTime(t *testing.T) {
 	s.corr = correlate.New(correlate.Config{
 		Counters:   nodeCounters{node: {InsertFailed: 1, Drop: 1}},
 		ReasonName: func(uint32) string { return "NETFILTER_DROP" },
-		Location:   func(uint64) string { return "nf_hook_slow+0x7d" },
+		Symbol:     func(uint64) (string, uint64, bool) { return "nf_hook_slow", 0x7d, true },
 		OnIncident: s.incident,
 	})
 	qid := uint64(0)
@@ -75,8 +75,9 @@ func TestTicksRunAtTheRecordsTime(t *testing.T) {
 	s.handle(&event.Event{Kind: event.KindWinner, QID: a, TimeNs: t0 + 120*ms, NetNS: node, Flags: event.FlagWinner,
 		Winner: entry(0xb, srcB, true), WinnerQID: w})
 	other(t0+600*ms, 40002)
-	query(t0+5100*ms, podA, srcA, 1) // glibc's retry ends the stall
-	s.tick(t0 + 5200*ms)
+	r := query(t0+5100*ms, podA, srcA, 1) // glibc's retry ends the stall
+	s.handle(&event.Event{Kind: event.KindAnswer, QID: r, TimeNs: t0 + 5110*ms, Flags: event.FlagResponse})
+	s.tick(t0 + 5600*ms) // once the retry's attempt is over (MinRetryGap)
 
 	var incs []*correlate.Incident
 	for len(s.outq) > 0 {

@@ -17,15 +17,17 @@ import (
 // pod or namespace.
 const rescuedEvery = 10 * time.Second
 
-// TextWriter writes incidents for a person at a terminal: a stall is a
-// headline (time, cause, who, question, stall) and indented detail lines;
-// stalls come out in the order they started; races the kernel rescued are
-// summed up per pod or namespace at most every 10 s (ShowResolved lists
-// each). Not safe for concurrent use: the session's reader drives it.
+// TextWriter writes incidents for a person at a terminal: a stall (one
+// stalled lookup, however many attempts it lost) is a headline (time,
+// cause, who, question, stall) and indented detail lines; stalls come out
+// in the order they started; races the kernel rescued are summed up per
+// pod or namespace at most every 10 s (ShowResolved lists each). Not safe
+// for concurrent use: the session's reader drives it.
 type TextWriter struct {
 	w            io.Writer
 	showResolved bool
-	// held: stalls that ended while an earlier one is still open
+	// held: stalls that ended while one that started earlier may still
+	// be reported
 	held []*correlate.Incident
 	// rescued races not yet written, by pod or namespace
 	rescued   map[string]*rescuedCount
@@ -64,9 +66,13 @@ func (t *TextWriter) Incident(inc *correlate.Incident) {
 	t.held = append(t.held, inc)
 }
 
-// Release writes the held stalls that started before oldestOpen (the start
-// of the oldest stall still in progress; zero: none), in the order they
-// started, and every 10 s (by now) the rescued races summed up.
+// Release writes the held stalls that started before oldestOpen, in the
+// order they started, and every 10 s (by now) the rescued races summed up.
+// oldestOpen is correlate.Correlator.OldestOpen (zero: none): the earliest
+// start of a stall not reported yet, which includes a query still waiting
+// for its answer (found lost only at its retry, it starts its stall when it
+// was sent); the start of the oldest stall in progress alone let a stall
+// found that way come out after later ones.
 func (t *TextWriter) Release(oldestOpen, now time.Time) {
 	sort.SliceStable(t.held, func(i, j int) bool { return t.held[i].Time.Before(t.held[j].Time) })
 	n := 0

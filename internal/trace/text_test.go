@@ -16,6 +16,7 @@ import (
 
 	"github.com/dnsrace/dnsrace/internal/correlate"
 	"github.com/dnsrace/dnsrace/internal/ctstats"
+	"github.com/dnsrace/dnsrace/internal/event"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -190,5 +191,144 @@ func TestJSONGolden(t *testing.T) {
 		if _, ok := winner[k]; !ok {
 			t.Errorf("winner lacks %q", k)
 		}
+	}
+}
+
+// records are a node's records for TestTextOneHeadlinePerLookup, fed to a
+// real correlator and text writer the way a session feeds them.
+type records struct {
+	events []event.Event
+	qid    uint64
+}
+
+// recBase is the records' CLOCK_MONOTONIC origin; the correlator's Wall
+// puts it at t0.
+const recBase = uint64(1e12)
+
+var recVIP = netip.MustParseAddrPort("10.96.0.10:53")
+
+// query sends a query at ms milliseconds and returns its qid.
+func (l *records) query(ms float64, netns uint32, src string, name string, id, qtype uint16) uint64 {
+	l.qid++
+	e := event.Event{Kind: event.KindQuery, QID: l.qid, TimeNs: recBase + uint64(ms*1e6), NetNS: netns, CPU: 1,
+		Packet: event.Tuple{Src: netip.MustParseAddrPort(src), Dst: recVIP, Proto: 17}, Tier: event.TierTracepoint, PID: 9937}
+	copy(e.Comm[:], "getent")
+	e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, id, qtype
+	e.DNS.SetQName(name)
+	l.events = append(l.events, e)
+	return l.qid
+}
+
+func (l *records) answer(ms float64, qid uint64) {
+	l.events = append(l.events, event.Event{Kind: event.KindAnswer, QID: qid, TimeNs: recBase + uint64(ms*1e6), Flags: event.FlagResponse})
+}
+
+// ruleDrop: a firewall rule on the node drops the query (NETFILTER_DROP at
+// nf_hook_slow, no conntrack entry: a NOTRACK path).
+func (l *records) ruleDrop(ms float64, qid uint64) {
+	l.events = append(l.events, event.Event{Kind: event.KindDrop, QID: qid, TimeNs: recBase + uint64(ms*1e6), NetNS: 4026532177,
+		Reason: 1, Location: 1})
+}
+
+// run feeds the records in time order to a correlator, ticks it every
+// 100 ms as the session's reader does, and hands each tick's incidents to
+// a text writer with the correlator's OldestOpen, as the session's writer
+// does. It returns the text.
+func (l *records) run(end float64) string {
+	var out bytes.Buffer
+	w := NewTextWriter(&out, false)
+	var closed []*correlate.Incident
+	wall := func(mono uint64) time.Time { return t0.Add(time.Duration(mono - recBase)) }
+	c := correlate.New(correlate.Config{
+		ReasonName: func(v uint32) string { return map[uint32]string{1: "NETFILTER_DROP"}[v] },
+		Symbol:     func(uint64) (string, uint64, bool) { return "nf_hook_slow", 0x7d, true },
+		Wall:       wall,
+		OnIncident: func(inc *correlate.Incident) { closed = append(closed, inc) },
+	})
+	sort.SliceStable(l.events, func(i, j int) bool { return l.events[i].TimeNs < l.events[j].TimeNs })
+	hand := func(now uint64) {
+		for _, inc := range closed {
+			w.Incident(inc)
+		}
+		closed = nil
+		var oldest time.Time
+		if o := c.OldestOpen(); o != 0 {
+			oldest = wall(o)
+		}
+		w.Release(oldest, wall(now))
+	}
+	next := 0
+	for now := recBase; now <= recBase+uint64(end*1e6); now += uint64(100 * time.Millisecond) {
+		for ; next < len(l.events) && l.events[next].TimeNs <= now; next++ {
+			c.Handle(&l.events[next])
+		}
+		c.Tick(now)
+		hand(now)
+	}
+	stop := recBase + uint64(end*1e6)
+	c.Close(stop)
+	hand(stop)
+	w.Close(wall(stop))
+	return out.String()
+}
+
+// TestTextOneHeadlinePerLookup: each stalled lookup is one headline, and
+// the headlines come in the order the stalls started, though the stalls
+// end (and are found) in another order. Three lookups stall:
+//
+//   - pod 4026532600 at 0.5 s: its A is never answered; that is known
+//     only at glibc's retry, 5 s later;
+//   - pod 4026532700 at 1 s: A dropped by a rule, resent 2.5 s later
+//     (musl) and answered;
+//   - pod 4026532453 at 2 s: A and AAAA both dropped by a rule; glibc's
+//     second attempt, 5 s later, resends A (answered) and then AAAA,
+//     dropped again; its third attempt, on new sockets, is answered: one
+//     lookup, two timeouts waited, three packets lost.
+func TestTextOneHeadlinePerLookup(t *testing.T) {
+	const podA, podB, podC = 4026532453, 4026532600, 4026532700
+	a, aaaa := dns.TypeA, dns.TypeAAAA
+	l := &records{}
+
+	l.query(500, podB, "10.244.0.20:41000", "svc-00.lab.test", 7, a) // never answered
+	l.answer(501, l.query(500.1, podB, "10.244.0.20:41000", "svc-00.lab.test", 8, aaaa))
+	l.answer(5501, l.query(5500, podB, "10.244.0.20:41000", "svc-00.lab.test", 7, a))
+
+	l.ruleDrop(1000.05, l.query(1000, podC, "10.244.0.30:42000", "svc-01.lab.test", 9, a))
+	l.answer(1001, l.query(1000.1, podC, "10.244.0.30:42000", "svc-01.lab.test", 10, aaaa))
+	l.answer(3501, l.query(3500, podC, "10.244.0.30:42000", "svc-01.lab.test", 9, a))
+
+	for _, at := range []float64{2000, 7000} {
+		q := l.query(at, podA, "10.244.0.12:53611", "svc-02.lab.test", 100, a)
+		if at == 2000 {
+			l.ruleDrop(at+0.05, q)
+		} else {
+			l.answer(at+1, q)
+		}
+		l.ruleDrop(at+1.25, l.query(at+1.2, podA, "10.244.0.12:53611", "svc-02.lab.test", 101, aaaa))
+	}
+	l.answer(12001, l.query(12000, podA, "10.244.0.12:40002", "svc-02.lab.test", 100, a))
+	l.answer(12003, l.query(12002, podA, "10.244.0.12:40003", "svc-02.lab.test", 101, aaaa))
+
+	text := l.run(14000)
+	golden(t, "lookups.txt", []byte(text))
+
+	var heads []string
+	for _, line := range strings.Split(text, "\n") {
+		if line != "" && line[0] != ' ' {
+			heads = append(heads, line)
+		}
+	}
+	if len(heads) != 3 {
+		t.Errorf("%d headlines, want 3, one per stalled lookup:\n%s", len(heads), strings.Join(heads, "\n"))
+	}
+	times := make([]string, len(heads))
+	for i, h := range heads {
+		times[i] = h[:12]
+	}
+	if !sort.StringsAreSorted(times) {
+		t.Errorf("headlines out of the order the stalls started: %v", times)
+	}
+	if n := strings.Count(text, "    lost     "); n != 5 {
+		t.Errorf("%d lost packets shown, want 5 (podA's three, podB's and podC's one each)", n)
 	}
 }
