@@ -299,7 +299,7 @@ func showName[S ~string | ~[]byte](dst *[MaxName]byte, w S) int {
 
 // putLabel puts a label's bytes at n in dst, as many as fit, each outside
 // printable ASCII or a dot shown as '?'. One bounds check per label, not
-// per byte (put's), and no branch per byte: the loop was most of Decode's
+// per byte, and no branch per byte: the loop was most of Decode's
 // instructions.
 func putLabel[S ~string | ~[]byte](dst *[MaxName]byte, n int, label S) int {
 	d := dst[n:]
@@ -325,13 +325,3 @@ var shown = func() (t [256]byte) {
 	}
 	return t
 }()
-
-// put appends c at n unless the name is full, which it records.
-func (d *DNS) put(n int, c byte) int {
-	if n >= MaxName {
-		d.NameTruncated = true
-		return n
-	}
-	d.name[n] = c
-	return n + 1
-}

@@ -117,20 +117,12 @@ func (t Tuple) String() string {
 	return t.Src.String() + "->" + t.Dst.String()
 }
 
-// Reverse returns the tuple of the other direction.
-func (t Tuple) Reverse() Tuple { return Tuple{Src: t.Dst, Dst: t.Src, Proto: t.Proto} }
-
-// Conntrack status bits dnsrace looks at (include/uapi/linux/netfilter/
-// nf_conntrack_common.h).
+// Conntrack status bits (include/uapi/linux/netfilter/
+// nf_conntrack_common.h) that user space reads (CT.Confirmed) or its tests
+// set. The kernel side reads IPS_NAT_CLASH itself (bpf/dnsrace.bpf.c).
 const (
-	IPSConfirmed    = 1 << 3
-	IPSSrcNAT       = 1 << 4
-	IPSDstNAT       = 1 << 5
-	IPSFixedTimeout = 1 << 10
-	// IPSNATClash is the kernel-only alias of IPS_UNTRACKED (bit 12) that
-	// nf_ct_resolve_clash_harder sets on a loser it inserted reply-only
-	// (kernel >= 5.6, commit 6a757c07e51f).
-	IPSNATClash = 1 << 12
+	IPSConfirmed = 1 << 3
+	IPSDstNAT    = 1 << 5
 )
 
 // CT is a conntrack entry as seen from BPF.
