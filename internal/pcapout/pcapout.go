@@ -190,7 +190,8 @@ func asked(n event.Name) question {
 // ASCII or a dot inside a label, at most event.MaxName bytes, and whether
 // the trace cut it is not kept), so the labels are rebuilt from that: the
 // name as sent unless the shown form says otherwise, and then the note
-// says that it may not be.
+// says that it may not be. (A name the trace cut inside a label shows as
+// a shorter whole name; nothing here can tell.)
 func questionOf(inc *correlate.Incident) question {
 	var d event.DNS
 	if inc.QName == "." { // the root (QName's form)
