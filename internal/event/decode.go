@@ -96,11 +96,12 @@ var le = binary.LittleEndian
 // them. DNS is decoded from the captured start of the message: DNS.Valid is
 // set when the 12-byte header was captured and the first question name is
 // well formed as far as it was captured (no compression pointers or
-// reserved label types, at most 255 wire bytes); the name is kept as sent
-// (NameKey) and shown in dotted form when asked for (QName, NameBytes),
-// bytes outside printable ASCII and dots inside a label as '?';
-// NameTruncated is set when the name was cut at MaxName or the capture
-// ended inside it; QType is 0 when it was not captured.
+// reserved label types, at most 255 wire bytes); the name is kept whole as
+// sent, as far as captured (NameKey, Name: Name.Cut reports a capture that
+// ended inside it) and shown in dotted form when asked for (QName,
+// NameBytes), bytes outside printable ASCII and dots inside a label as '?';
+// NameTruncated is set when the dotted form was cut at MaxName or the
+// capture ended inside the name; QType is 0 when it was not captured.
 func Decode(raw []byte, e *Event) error {
 	*e = Event{}
 	if len(raw) < HdrSize {
@@ -221,9 +222,8 @@ func decodeDNS(b []byte, d *DNS) {
 
 	// Walk the labels by their length bytes only: the dotted form's
 	// length (n, uncut) and where the name ends. The bytes are copied as
-	// they are, as many as the dotted form's MaxName bytes need (one more:
-	// a label's length byte becomes a dot, the first none); show converts
-	// them if the name is asked for.
+	// they are (the root label too, when traced: Name); show converts them
+	// if the name is asked for.
 	off, n, end, whole := dnsHeaderSz, 0, 0, false
 	for {
 		if off >= len(b) {
@@ -257,42 +257,56 @@ func decodeDNS(b []byte, d *DNS) {
 		n, d.NameTruncated = MaxName, true
 	}
 	d.NameLen = uint8(n)
-	d.wireLen = uint8(copy(d.wire[:], b[dnsHeaderSz:end]))
+	// The walk keeps end-dnsHeaderSz <= maxWire: the labels fit, and the
+	// byte after them is zero (d was zeroed), the root label of a whole
+	// name.
+	d.wireLen, d.whole = uint8(copy(d.wire[:], b[dnsHeaderSz:end])), whole
 	if whole && off+2 <= len(b) {
 		d.QType = binary.BigEndian.Uint16(b[off:])
 	}
 }
 
-// show puts the dotted form of the wire name in d.name.
+// show puts the dotted form of the wire name in d.name. (Decode has set
+// NameLen and NameTruncated: the dotted form's length and whether it is
+// cut at MaxName.)
 func (d *DNS) show() {
 	d.shown = true
-	w, n := d.wire[:d.wireLen], 0
+	showName(&d.name, d.wire[:d.wireLen])
+}
+
+// showName puts the dotted form of the labels w (a name's wire form, as far
+// as traced) in dst, as much as fits, and returns its length.
+func showName[S ~string | ~[]byte](dst *[MaxName]byte, w S) int {
+	n := 0
 	for off := 0; off < len(w) && n < MaxName; {
 		l := int(w[off])
+		if l == 0 { // the root label
+			break
+		}
 		off++
 		end := min(off+l, len(w))
 		if n > 0 {
-			d.name[n] = '.'
+			dst[n] = '.'
 			n++
 		}
-		n = d.putLabel(n, w[off:end])
+		n = putLabel(dst, n, w[off:end])
 		off = end
 	}
+	return n
 }
 
-// putLabel appends a label's bytes at n, as many as fit (recording a
-// cut), each outside printable ASCII or a dot shown as '?'. One bounds
-// check per label, not per byte (put's), and no branch per byte: the loop
-// was most of Decode's instructions.
-func (d *DNS) putLabel(n int, label []byte) int {
-	dst := d.name[n:]
-	if len(label) > len(dst) {
-		label = label[:len(dst)]
-		d.NameTruncated = true
+// putLabel puts a label's bytes at n in dst, as many as fit, each outside
+// printable ASCII or a dot shown as '?'. One bounds check per label, not
+// per byte, and no branch per byte: the loop was most of Decode's
+// instructions.
+func putLabel[S ~string | ~[]byte](dst *[MaxName]byte, n int, label S) int {
+	d := dst[n:]
+	if len(label) > len(d) {
+		label = label[:len(d)]
 	}
-	dst = dst[:len(label)]
-	for i, c := range label {
-		dst[i] = shown[c]
+	d = d[:len(label)]
+	for i := range len(label) {
+		d[i] = shown[label[i]]
 	}
 	return n + len(label)
 }
@@ -309,13 +323,3 @@ var shown = func() (t [256]byte) {
 	}
 	return t
 }()
-
-// put appends c at n unless the name is full, which it records.
-func (d *DNS) put(n int, c byte) int {
-	if n >= MaxName {
-		d.NameTruncated = true
-		return n
-	}
-	d.name[n] = c
-	return n + 1
-}

@@ -358,6 +358,30 @@ func TestNameKey(t *testing.T) {
 		if !bytes.Equal(e.DNS.NameKey(), set.NameKey()) || len(set.NameKey()) == 0 && name != "." {
 			t.Errorf("%q: decoded key %x, SetQName's %x", name, e.DNS.NameKey(), set.NameKey())
 		}
+		if e.DNS.Name() != set.Name() || set.Name().Cut() {
+			t.Errorf("%q: decoded name %q, SetQName's %q (cut %v)", name, e.DNS.Name().Wire(), set.Name().Wire(), set.Name().Cut())
+		}
+	}
+	// Names past MaxName differ after it too.
+	var a, b DNS
+	a.SetQName(strings.Repeat(long+".", 3) + "a")
+	b.SetQName(strings.Repeat(long+".", 3) + "b")
+	if bytes.Equal(a.NameKey(), b.NameKey()) || a.Name() == b.Name() {
+		t.Errorf("names that differ in byte 193: keys %x %x", a.NameKey(), b.NameKey())
+	}
+	// A name set after a longer one is the same as set alone, and one the
+	// wire form cannot hold is cut.
+	a.SetQName("svc.lab")
+	b = DNS{}
+	b.SetQName("svc.lab")
+	if a.Name() != b.Name() || a.Name().Wire() != "\x03svc\x03lab\x00" {
+		t.Errorf("svc.lab after a longer name: %q, alone %q", a.Name().Wire(), b.Name().Wire())
+	}
+	for _, bad := range []string{"a..b", strings.Repeat("b", 64), strings.Repeat(long+".", 4)} {
+		b.SetQName(bad)
+		if !b.Name().Cut() {
+			t.Errorf("SetQName(%q): name %q not cut", bad, b.Name().Wire())
+		}
 	}
 	hdr := []byte{0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0}
 	var one, two DNS
@@ -365,6 +389,60 @@ func TestNameKey(t *testing.T) {
 	decodeDNS(append(append([]byte{}, hdr...), 3, 'a', '?', 'b', 0, 0, 1, 0, 1), &two)
 	if one.QName() != two.QName() || bytes.Equal(one.NameKey(), two.NameKey()) {
 		t.Errorf("a label with a dot: names %q %q, keys %x %x", one.QName(), two.QName(), one.NameKey(), two.NameKey())
+	}
+}
+
+// TestName: Name is the question name's bytes as the message had them,
+// the root label included when traced, whatever the bytes; a cut name
+// ends where the trace ended, and Labels stops before a label the trace
+// cut.
+func TestName(t *testing.T) {
+	hdr := "\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+	// The longest name a record holds: 255 bytes of labels, the root
+	// label, QTYPE and QCLASS end the message at RawDNSCap.
+	longest := strings.Repeat("\x3f"+strings.Repeat("x", 63), 3) + "\x3e" + strings.Repeat("y", 62)
+	cases := []struct {
+		name          string
+		msg           string
+		wire, labels  string
+		cut, valid    bool
+		shown         string
+		qtype         uint16
+		nameTruncated bool
+	}{
+		{"plain", hdr + "\x03svc\x03lab\x00\x00\x01\x00\x01", "\x03svc\x03lab\x00", "\x03svc\x03lab", false, true, "svc.lab", 1, false},
+		{"root", hdr + "\x00\x00\x02\x00\x01", "\x00", "", false, true, ".", 2, false},
+		{"odd bytes", hdr + "\x03a.b\x04\x00\xff \\\x00\x00\x01\x00\x01", "\x03a.b\x04\x00\xff \\\x00", "\x03a.b\x04\x00\xff \\", false, true, "a?b.???\\", 1, false},
+		{"longest", hdr + longest + "\x00\x00\x1c\x00\x01", longest + "\x00", longest, false, true, strings.Repeat("x", 63) + "." + strings.Repeat("x", 63) + ".", 28, true},
+		{"cut inside a label", hdr + "\x07exa", "\x07exa", "", true, true, "exa", 0, true},
+		{"cut after a label", hdr + "\x07example", "\x07example", "\x07example", true, true, "example", 0, true},
+		{"cut before qtype", hdr + "\x07example\x03com\x00\x00", "\x07example\x03com\x00", "\x07example\x03com", false, true, "example.com", 0, false},
+		{"compression pointer", hdr + "\x03foo\xc0\x0c\x00\x01\x00\x01", "\x03foo", "\x03foo", true, false, "foo", 0, false},
+		{"no question", "\x00\x01\x81\x80" + strings.Repeat("\x00", 8), "", "", true, true, ".", 0, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if len(c.msg) > RawDNSCap {
+				t.Fatalf("message of %d bytes", len(c.msg))
+			}
+			var q bpf.DnsraceRecQuery
+			var e Event
+			if err := Decode(queryRecord(&q, []byte(c.msg)), &e); err != nil {
+				t.Fatal(err)
+			}
+			n := e.DNS.Name()
+			if n.Wire() != c.wire || n.Labels() != c.labels || n.Cut() != c.cut || e.DNS.Valid != c.valid {
+				t.Errorf("wire %q labels %q cut %v valid %v, want %q %q %v %v", n.Wire(), n.Labels(), n.Cut(), e.DNS.Valid,
+					c.wire, c.labels, c.cut, c.valid)
+			}
+			if n.String() != c.shown || e.DNS.QName() != c.shown || e.DNS.QType != c.qtype || e.DNS.NameTruncated != c.nameTruncated {
+				t.Errorf("shown %q (QName %q) qtype %d truncated %v, want %q %d %v", n.String(), e.DNS.QName(),
+					e.DNS.QType, e.DNS.NameTruncated, c.shown, c.qtype, c.nameTruncated)
+			}
+		})
+	}
+	if (Name{}).Wire() != "" || !(Name{}).Cut() || (Name{}).String() != "." {
+		t.Errorf("zero Name: %q cut %v shown %q", Name{}.Wire(), Name{}.Cut(), Name{}.String())
 	}
 }
 

@@ -119,20 +119,12 @@ func (t Tuple) String() string {
 	return t.Src.String() + "->" + t.Dst.String()
 }
 
-// Reverse returns the tuple of the other direction.
-func (t Tuple) Reverse() Tuple { return Tuple{Src: t.Dst, Dst: t.Src, Proto: t.Proto} }
-
-// Conntrack status bits dnsrace looks at (include/uapi/linux/netfilter/
-// nf_conntrack_common.h).
+// Conntrack status bits (include/uapi/linux/netfilter/
+// nf_conntrack_common.h) that user space reads (CT.Confirmed) or its tests
+// set. The kernel side reads IPS_NAT_CLASH itself (bpf/dnsrace.bpf.c).
 const (
-	IPSConfirmed    = 1 << 3
-	IPSSrcNAT       = 1 << 4
-	IPSDstNAT       = 1 << 5
-	IPSFixedTimeout = 1 << 10
-	// IPSNATClash is the kernel-only alias of IPS_UNTRACKED (bit 12) that
-	// nf_ct_resolve_clash_harder sets on a loser it inserted reply-only
-	// (kernel >= 5.6, commit 6a757c07e51f).
-	IPSNATClash = 1 << 12
+	IPSConfirmed = 1 << 3
+	IPSDstNAT    = 1 << 5
 )
 
 // CT is a conntrack entry as seen from BPF.
@@ -145,9 +137,14 @@ type CT struct {
 
 func (c CT) Confirmed() bool { return c.Status&IPSConfirmed != 0 }
 
-// MaxName bounds the question name kept per event; longer names are cut and
-// NameTruncated is set.
+// MaxName bounds the question name's dotted form (QName, NameBytes); a
+// longer name is shown cut and NameTruncated is set. The name as sent
+// (Name, NameKey) is kept whole.
 const MaxName = 128
+
+// maxWire is the most bytes of labels a question name has here (at most
+// 255: decodeDNS's bound, and gopacket's).
+const maxWire = 255
 
 // DNS is the header and first question of the DNS message in a packet.
 // The question name is kept as its labels came on the wire and shown in
@@ -163,9 +160,10 @@ type DNS struct {
 	QType         uint16
 	NameLen       uint8 // of the dotted form
 	NameTruncated bool
-	wireLen       uint8
+	wireLen       uint8             // bytes of labels in wire, without the root label
+	whole         bool              // wire[wireLen] is the root label: the name was traced to its end
 	shown         bool              // name holds the dotted form of wire
-	wire          [MaxName + 1]byte // the name's first labels as sent: all the dotted form needs
+	wire          [maxWire + 1]byte // the name as sent, as far as it was traced
 	name          [MaxName]byte     // dotted form, no trailing dot
 }
 
@@ -178,27 +176,31 @@ func (d *DNS) QName() string {
 	return string(d.NameBytes())
 }
 
-// SetQName stores name (dotted form), cutting it at MaxName bytes; its
-// labels become the wire form, so NameKey is what a decoded message with
-// that name gives.
+// SetQName stores name (dotted form), cutting its dotted form at MaxName
+// bytes; its labels become the wire form, so NameKey and Name are what a
+// decoded message with that name gives. The wire form stops before an
+// empty label, one past 63 bytes or one past 255 bytes of labels; Name then
+// reports the name cut there.
 func (d *DNS) SetQName(name string) {
 	n := copy(d.name[:], name)
 	d.NameLen, d.NameTruncated, d.shown = uint8(n), n < len(name), true
-	w := 0
-	for name != "" && w < len(d.wire) {
+	w, whole := 0, true
+	for name != "" {
 		label := name
 		if i := strings.IndexByte(name, '.'); i >= 0 {
 			label, name = name[:i], name[i+1:]
 		} else {
 			name = ""
 		}
-		if label == "" || len(label) > 63 {
+		if label == "" || len(label) > 63 || w+1+len(label) > maxWire {
+			whole = false
 			break
 		}
 		d.wire[w] = byte(len(label))
 		w += 1 + copy(d.wire[w+1:], label)
 	}
-	d.wireLen = uint8(w)
+	d.wire[w] = 0
+	d.wireLen, d.whole = uint8(w), whole
 }
 
 // NameBytes returns the name in dotted form (empty for the root), valid
@@ -210,10 +212,82 @@ func (d *DNS) NameBytes() []byte {
 	return d.name[:d.NameLen]
 }
 
-// NameKey returns the name's labels as the message had them, as far as
-// its dotted form is kept (MaxName): the same bytes for the same name, for
-// hashing. Valid until d changes.
+// NameKey returns the name's labels as the message had them (without the
+// root label): the same bytes for the same name, for hashing. Valid until d
+// changes.
 func (d *DNS) NameKey() []byte { return d.wire[:d.wireLen] }
+
+// Name returns the question name as the message carried it, as far as the
+// record held it: the zero Name when it held none, and a name that is not
+// Valid reads as cut before its first label of a reserved type, or the
+// label that took it past 255 bytes. It allocates: it is for keeping a
+// name, not for the hot path.
+func (d *DNS) Name() Name {
+	n := int(d.wireLen)
+	if d.whole {
+		n++
+	}
+	return Name{string(d.wire[:n])}
+}
+
+// Name is a question name as the query carried it on the wire: its labels
+// (a length byte, then that many bytes, no compression pointers) and, when
+// the traced bytes held the whole name, the root label's zero byte. The
+// kernel copies at most RawDNSCap bytes of a message, and fewer when the
+// packet's first segment is shorter, so a name can be cut (Cut): it then
+// ends without the root label, perhaps inside a label, and the labels after
+// the cut are not known. The zero Name is a name of which nothing was
+// traced. Names compare with ==.
+type Name struct{ wire string }
+
+// Wire returns the name's bytes as traced: every label traced, the last
+// perhaps cut (Cut), and the root label when the name was traced to its
+// end.
+func (n Name) Wire() string { return n.wire }
+
+// Labels returns the labels traced whole, in wire form, without the root
+// label: all of them unless the name is cut, and then those before the
+// label the trace ended inside (all the traced ones, if it ended between
+// two labels).
+func (n Name) Labels() string {
+	end, _ := n.split()
+	return n.wire[:end]
+}
+
+// Cut reports whether the traced bytes ended before the name did.
+func (n Name) Cut() bool {
+	_, whole := n.split()
+	return !whole
+}
+
+// split returns where the labels traced whole end in n.wire and whether
+// the root label follows them.
+func (n Name) split() (end int, whole bool) {
+	w := n.wire
+	off := 0
+	for off < len(w) {
+		l := int(w[off])
+		if l == 0 {
+			return off, true
+		}
+		if off+1+l > len(w) {
+			break
+		}
+		off += 1 + l
+	}
+	return off, false
+}
+
+// String returns the name's dotted form as DNS.QName shows it: "." for
+// the root (and for a name of which nothing was traced), bytes outside
+// printable ASCII and dots inside a label as '?', cut at MaxName bytes.
+func (n Name) String() string {
+	var b [MaxName]byte
+	if l := showName(&b, n.wire); l > 0 {
+		return string(b[:l])
+	}
+	return "."
+}
 
 // Event is one record. Fields a record does not carry stay zero.
 type Event struct {

@@ -1,6 +1,8 @@
 package event
 
 import (
+	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/dnsrace/dnsrace/internal/bpf"
@@ -47,6 +49,7 @@ func FuzzDNS(f *testing.F) {
 	f.Add(query(f, "example.com.", dns.TypeA))
 	f.Add(query(f, "kubernetes.default.svc.cluster.local.", dns.TypeAAAA))
 	f.Add([]byte{0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 3, 'f', 'o', 'o', 0xc0, 0x0c})
+	f.Add([]byte{0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 3, 'a', '.', 'b', 2, 0, 0xff, 0, 0, 1, 0, 1})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		var d DNS
@@ -57,11 +60,25 @@ func FuzzDNS(f *testing.F) {
 		if d.Valid && len(msg) < dnsHeaderSz {
 			t.Fatalf("valid with %d bytes", len(msg))
 		}
+		// The name is the message's bytes, shown as QName shows it.
+		n := d.Name()
+		if n.Wire() != "" && !bytes.HasPrefix(msg[dnsHeaderSz:], []byte(n.Wire())) {
+			t.Fatalf("name %q is not the message's %q", n.Wire(), msg[dnsHeaderSz:])
+		}
+		if !strings.HasPrefix(n.Wire(), n.Labels()) || n.String() != d.QName() {
+			t.Fatalf("name %q: labels %q, shown %q, QName %q", n.Wire(), n.Labels(), n.String(), d.QName())
+		}
 		// A message miekg/dns parses has the same id and first question.
 		var m dns.Msg
 		if err := m.Unpack(msg); err == nil && len(m.Question) > 0 && d.Valid && !d.NameTruncated {
 			if d.ID != m.Id || d.QType != m.Question[0].Qtype {
 				t.Fatalf("id/qtype %d/%d, miekg %d/%d", d.ID, d.QType, m.Id, m.Question[0].Qtype)
+			}
+		}
+		if err := m.Unpack(msg); err == nil && len(m.Question) > 0 && d.Valid && !n.Cut() {
+			buf := make([]byte, 256)
+			if l, err := dns.PackDomainName(m.Question[0].Name, buf, 0, nil, false); err == nil && string(buf[:l]) != n.Wire() {
+				t.Fatalf("name %q, miekg's %q", n.Wire(), buf[:l])
 			}
 		}
 	})

@@ -13,6 +13,21 @@
 // 65535 and its description and the section comment say that the packets
 // are reconstructed.
 //
+// The question is built byte for byte from an event.Name (a name's labels
+// as the query carried them, whatever their bytes; not a dotted string
+// parsed back), as far as the trace held it. The kernel copies at most 272
+// bytes of a DNS message, fewer when the packet's first segment is
+// shorter, so a name can be cut: the packet then asks the labels traced
+// whole, and its comment says where the trace ended and what of the next
+// label it held; no label is made up. A correlate.Incident carries only
+// the name's shown form (QName: '?' for a byte outside printable ASCII or
+// a dot inside a label, at most event.MaxName bytes, cut or not), so
+// WriteIncident and Packets rebuild the Name from that: the name sent for
+// a shown form without '?' and shorter than event.MaxName (unless the trace
+// cut the name, which the shown form does not tell); otherwise the comment
+// says that the shown form may not be the name sent. Writing the name as
+// sent needs the incident to carry its event.Name.
+//
 // Per incident it writes: every lost query (first lost query's 5-tuple:
 // ports of later lost packets are not traced per packet), the sibling
 // query of the A/AAAA pair when known (once: a sibling lost too is

@@ -14,9 +14,9 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 	"github.com/google/gopacket/pcapgo"
-	"github.com/miekg/dns"
 
 	"github.com/dnsrace/dnsrace/internal/correlate"
+	"github.com/dnsrace/dnsrace/internal/event"
 )
 
 // SnapLength is the interface's declared snap length.
@@ -75,7 +75,11 @@ func NewWriter(wc io.WriteCloser) (*Writer, error) {
 
 // WriteIncident writes the incident's packets.
 func (w *Writer) WriteIncident(inc *correlate.Incident) error {
-	pkts, err := Packets(inc)
+	return w.writeIncident(inc, questionOf(inc))
+}
+
+func (w *Writer) writeIncident(inc *correlate.Incident, q question) error {
+	pkts, err := packets(inc, q)
 	if err != nil {
 		return err
 	}
@@ -159,8 +163,65 @@ func enhancedPacketBlock(p Packet) []byte {
 	return b
 }
 
+// question is the name the packets ask, and what their comments say about
+// it (a note starting "; ", or "").
+type question struct {
+	name event.Name
+	note string
+}
+
+// asked is the question of a name as the query carried it: its labels
+// traced whole, and a note when the trace cut it. (An incident does not
+// carry its name as sent yet, only its shown form: see questionOf. The
+// tests write names as sent through it.)
+func asked(n event.Name) question {
+	q := question{name: n}
+	if n.Cut() {
+		q.note = fmt.Sprintf("; question name CUT by the trace after %d bytes: written to its last label traced whole, the rest not known", len(n.Wire()))
+		if rest := n.Wire()[len(n.Labels()):]; rest != "" {
+			q.note += fmt.Sprintf(" (%d of the next label's %d bytes traced: %q)", len(rest)-1, rest[0], rest[1:])
+		}
+	}
+	return q
+}
+
+// questionOf is an incident's question. A correlate.Incident carries the
+// name in its shown form only (QName: '?' for a byte outside printable
+// ASCII or a dot inside a label, at most event.MaxName bytes, and whether
+// the trace cut it is not kept), so the labels are rebuilt from that: the
+// name as sent unless the shown form says otherwise, and then the note
+// says that it may not be. (A name the trace cut inside a label shows as
+// a shorter whole name; nothing here can tell.)
+func questionOf(inc *correlate.Incident) question {
+	var d event.DNS
+	if inc.QName == "." { // the root (QName's form)
+		d.SetQName("")
+	} else {
+		d.SetQName(inc.QName)
+	}
+	q := question{name: d.Name()}
+	var may []string
+	if strings.IndexByte(inc.QName, '?') >= 0 {
+		may = append(may, "a '?' may stand for another byte or a dot inside a label")
+	}
+	if len(inc.QName) >= event.MaxName {
+		may = append(may, fmt.Sprintf("the name and its last label may go on past its %d bytes", event.MaxName))
+	}
+	if q.name.Cut() {
+		may = append(may, "written up to its first label that is empty or past 63 bytes")
+	}
+	if len(may) > 0 {
+		q.note = "; question name rebuilt from its shown form: " + strings.Join(may, "; ")
+	}
+	return q
+}
+
 // Packets reconstructs an incident's packets (see the package comment).
 func Packets(inc *correlate.Incident) ([]Packet, error) {
+	return packets(inc, questionOf(inc))
+}
+
+func packets(inc *correlate.Incident, q question) ([]Packet, error) {
 	src, dst := inc.Src, inc.Dst
 	if !src.IsValid() || !dst.IsValid() {
 		return nil, fmt.Errorf("incident %d has no 5-tuple", inc.ID)
@@ -193,7 +254,7 @@ func Packets(inc *correlate.Incident) ([]Packet, error) {
 		if i == 0 {
 			first = l.SentNs
 		}
-		data, err := build(src, dst, l.ID, inc.QName, l.QType, false)
+		data, err := build(src, dst, l.ID, q.name, l.QType, false)
 		if err != nil {
 			return nil, fmt.Errorf("building incident %d packet: %w", inc.ID, err)
 		}
@@ -204,6 +265,7 @@ func Packets(inc *correlate.Incident) ([]Packet, error) {
 		if i > 0 {
 			c += "; 5-tuple of the first lost query"
 		}
+		c += q.note
 		t := inc.Time
 		if l.SentNs >= first {
 			t = t.Add(time.Duration(l.SentNs - first))
@@ -212,29 +274,29 @@ func Packets(inc *correlate.Incident) ([]Packet, error) {
 	}
 	if s := inc.Sibling; s != nil && !lostID(inc, s.ID, s.QType) {
 		t := inc.Time.Add(time.Duration(s.GapUs * 1e3))
-		data, err := build(src, dst, s.ID, inc.QName, s.QType, false)
+		data, err := build(src, dst, s.ID, q.name, s.QType, false)
 		if err != nil {
 			return nil, fmt.Errorf("building incident %d packet: %w", inc.ID, err)
 		}
 		out = append(out, Packet{Time: t, Data: data,
-			Comment: fmt.Sprintf("%s: sibling query %s id %d (gap %.0f µs; order not traced)%s", head, s.QType, s.ID, s.GapUs, tail)})
+			Comment: fmt.Sprintf("%s: sibling query %s id %d (gap %.0f µs; order not traced)%s%s", head, s.QType, s.ID, s.GapUs, q.note, tail)})
 		if s.Answered {
-			data, err := build(dst, src, s.ID, inc.QName, s.QType, true)
+			data, err := build(dst, src, s.ID, q.name, s.QType, true)
 			if err != nil {
 				return nil, fmt.Errorf("building incident %d packet: %w", inc.ID, err)
 			}
 			out = append(out, Packet{Time: t, Data: data,
-				Comment: fmt.Sprintf("%s: answer to sibling %s id %d (records and arrival time not traced)%s", head, s.QType, s.ID, tail)})
+				Comment: fmt.Sprintf("%s: answer to sibling %s id %d (records and arrival time not traced)%s%s", head, s.QType, s.ID, q.note, tail)})
 		}
 	}
 	if r := inc.Retry; r != nil && inc.StallMs != nil {
 		if r.Src.IsValid() && r.Dst.IsValid() {
-			data, err := build(r.Src, r.Dst, r.ID, inc.QName, r.QType, false)
+			data, err := build(r.Src, r.Dst, r.ID, q.name, r.QType, false)
 			if err != nil {
 				return nil, fmt.Errorf("building incident %d packet: %w", inc.ID, err)
 			}
 			out = append(out, Packet{Time: inc.Time.Add(time.Duration(*inc.StallMs * 1e6)), Data: data,
-				Comment: fmt.Sprintf("%s: RETRY %s id %d, %.0f ms after the lost query%s", head, r.QType, r.ID, *inc.StallMs, tail)})
+				Comment: fmt.Sprintf("%s: RETRY %s id %d, %.0f ms after the lost query%s%s", head, r.QType, r.ID, *inc.StallMs, q.note, tail)})
 		}
 	}
 	return out, nil
@@ -251,18 +313,11 @@ func lostID(inc *correlate.Incident, id uint16, qtype correlate.QType) bool {
 	return false
 }
 
-// build serializes IP + UDP + DNS (header and question).
-func build(src, dst netip.AddrPort, id uint16, qname string, qtype correlate.QType, response bool) ([]byte, error) {
-	m := new(dns.Msg)
-	m.Id = id
-	m.RecursionDesired = true
-	m.Response = response
-	m.RecursionAvailable = response
-	m.Question = []dns.Question{{Name: dns.Fqdn(qname), Qtype: uint16(qtype), Qclass: dns.ClassINET}}
-	payload, err := m.Pack()
-	if err != nil {
-		return nil, fmt.Errorf("packing DNS message: %w", err)
-	}
+// build serializes IP + UDP + DNS (header and question): the question
+// name's labels traced whole, as the query carried them, then the root
+// label.
+func build(src, dst netip.AddrPort, id uint16, name event.Name, qtype correlate.QType, response bool) ([]byte, error) {
+	payload := dnsMessage(id, name.Labels(), uint16(qtype), response)
 	udp := &layers.UDP{SrcPort: layers.UDPPort(src.Port()), DstPort: layers.UDPPort(dst.Port())}
 	var ip gopacket.SerializableLayer
 	if src.Addr().Unmap().Is4() {
@@ -277,10 +332,30 @@ func build(src, dst netip.AddrPort, id uint16, qname string, qtype correlate.QTy
 		ip = ip6
 	}
 	buf := gopacket.NewSerializeBuffer()
-	err = gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+	err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
 		ip, udp, gopacket.Payload(payload))
 	if err != nil {
 		return nil, fmt.Errorf("serializing packet: %w", err)
 	}
 	return buf.Bytes(), nil
+}
+
+// dnsMessage is a DNS message of a header and one question (labels, in
+// wire form without the root label; qtype; class IN), with RD set, as stub
+// resolvers send it, and in a response QR and RA.
+func dnsMessage(id uint16, labels string, qtype uint16, response bool) []byte {
+	flags := uint16(1 << 8) // RD
+	if response {
+		flags |= 1<<15 | 1<<7 // QR, RA
+	}
+	be := binary.BigEndian
+	b := make([]byte, 0, 12+len(labels)+1+4)
+	b = be.AppendUint16(b, id)
+	b = be.AppendUint16(b, flags)
+	b = be.AppendUint16(b, 1)       // QDCOUNT
+	b = append(b, 0, 0, 0, 0, 0, 0) // ANCOUNT, NSCOUNT, ARCOUNT
+	b = append(b, labels...)
+	b = append(b, 0) // the root label
+	b = be.AppendUint16(b, qtype)
+	return be.AppendUint16(b, 1) // IN
 }

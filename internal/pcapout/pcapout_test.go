@@ -1,6 +1,7 @@
 package pcapout_test
 
 import (
+	"bytes"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -8,11 +9,16 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
 	"github.com/google/gopacket/pcapgo"
 	"github.com/miekg/dns"
 
+	"github.com/dnsrace/dnsrace/internal/bpf"
 	"github.com/dnsrace/dnsrace/internal/correlate"
+	"github.com/dnsrace/dnsrace/internal/event"
 	"github.com/dnsrace/dnsrace/internal/pcapout"
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
@@ -204,5 +210,161 @@ func TestUnnamedQType(t *testing.T) {
 	}
 	if w.Packets() != 2 {
 		t.Errorf("%d packets written, want 2", w.Packets())
+	}
+}
+
+// tracedName is the question name of a QUERY record holding msg (the
+// bytes of the DNS message the kernel copied), as event decodes it.
+func tracedName(t *testing.T, msg string) event.Name {
+	t.Helper()
+	var q bpf.DnsraceRecQuery
+	q.H.Type, q.DnsLen = uint8(bpf.DnsraceRecTypeREC_QUERY), uint16(len(msg))
+	raw := append(append([]byte{}, unsafe.Slice((*byte)(unsafe.Pointer(&q)), unsafe.Sizeof(q))...), msg...)
+	var e event.Event
+	if err := event.Decode(raw, &e); err != nil {
+		t.Fatal(err)
+	}
+	return e.DNS.Name()
+}
+
+// The question of every packet holds the name's labels as the query sent
+// them, whatever their bytes, up to 255 bytes of labels (a message that
+// fills the record); of a name the trace cut, the labels traced whole, and
+// the comment says it was cut.
+func TestNameAsSent(t *testing.T) {
+	hdr := "\xc6\xa4\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+	tail := "\x00\x00\x01\x00\x01" // root label, A, IN
+	odd := "\x03a.b\x05\x00\x07\xff \\\x03lab\x04test"
+	x63 := "\x3f" + strings.Repeat("x", 63)
+	longest := x63 + x63 + x63 + "\x3e" + strings.Repeat("y", 62) // 255 bytes
+	if n := len(hdr + longest + tail); n != event.RawDNSCap {
+		t.Fatalf("the longest name's message has %d bytes, a record %d", n, event.RawDNSCap)
+	}
+	cases := []struct {
+		name   string
+		traced string // the DNS bytes the record holds
+		labels string // the labels the packet must ask
+		note   string // in every packet's comment when cut
+	}{
+		{"odd bytes", hdr + odd + tail, odd, ""},
+		{"longest", hdr + longest + tail, longest, ""},
+		{"cut inside a label", (hdr + longest + tail)[:12+188], x63 + x63,
+			`; question name CUT by the trace after 188 bytes: written to its last label traced whole, the rest not known (59 of the next label's 63 bytes traced: "` + strings.Repeat("x", 59) + `"); pod`},
+		{"cut after a label", (hdr + longest + tail)[:12+192], x63 + x63 + x63,
+			"; question name CUT by the trace after 192 bytes: written to its last label traced whole, the rest not known; pod"},
+	}
+	path := filepath.Join(t.TempDir(), "out.pcapng")
+	w, err := pcapout.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		name := tracedName(t, c.traced)
+		pkts, err := pcapout.PacketsAsking(incident(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pkts {
+			if c.note == "" && strings.Contains(p.Comment, "question name") || !strings.Contains(p.Comment, c.note) {
+				t.Errorf("%s: comment %q, want it to say %q", c.name, p.Comment, c.note)
+			}
+		}
+		if err := w.WriteIncidentAsking(incident(), name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const perIncident = 4 // lost, sibling, its answer, retry
+	n := 0
+	for ; ; n++ {
+		data, _, err := r.ReadPacketData()
+		if err != nil {
+			break
+		}
+		if n >= len(cases)*perIncident {
+			continue
+		}
+		c := cases[n/perIncident]
+		p := gopacket.NewPacket(data, layers.LayerTypeIPv4, gopacket.Default)
+		udp, _ := p.Layer(layers.LayerTypeUDP).(*layers.UDP)
+		if udp == nil || len(udp.Payload) < 12 {
+			t.Fatalf("%s: packet %d has no DNS message: %v", c.name, n, p)
+		}
+		qtype := "\x00\x01" // A, the lost query's and the retry's
+		if n%perIncident == 1 || n%perIncident == 2 {
+			qtype = "\x00\x1c" // AAAA, the sibling's
+		}
+		if q, want := udp.Payload[12:], c.labels+"\x00"+qtype+"\x00\x01"; string(q) != want {
+			t.Errorf("%s: packet %d asks %q, want %q", c.name, n, q, want)
+		}
+		// gopacket's decoder takes it as the DNS message it is.
+		if d, _ := p.Layer(layers.LayerTypeDNS).(*layers.DNS); d == nil || p.ErrorLayer() != nil ||
+			len(d.Questions) != 1 || !bytes.Equal(d.Questions[0].Name, []byte(shownByGopacket(c.labels))) {
+			t.Errorf("%s: packet %d: gopacket decodes %v (error %v)", c.name, n, p.Layer(layers.LayerTypeDNS), p.ErrorLayer())
+		}
+	}
+	if n != len(cases)*perIncident {
+		t.Errorf("read %d packets, want %d", n, len(cases)*perIncident)
+	}
+	// tcpdump shows a control byte as ^X, a byte past 0x7f as M-, a dot
+	// inside a label as a dot; (n) is the DNS message's length.
+	x, y := strings.Repeat("x", 63), strings.Repeat("y", 62)
+	checkTcpdump(t, path, []string{
+		`10.244.0.12.53611 > 10.96.0.10.53: 50852+ A? a.b.^@^GM-^? \.lab.test. (36)`,
+		`10.244.0.12.53611 > 10.96.0.10.53: 50853+ AAAA? a.b.^@^GM-^? \.lab.test. (36)`,
+		"50852+ A? " + x + "." + x + "." + x + "." + y + ". (272)",
+		"50852+ A? " + x + "." + x + ". (145)",
+		"50852+ A? " + x + "." + x + "." + x + ". (209)",
+	})
+}
+
+// shownByGopacket is how gopacket shows labels: their bytes joined by dots.
+func shownByGopacket(labels string) string {
+	var parts []string
+	for off := 0; off < len(labels); off += 1 + int(labels[off]) {
+		parts = append(parts, labels[off+1:off+1+int(labels[off])])
+	}
+	return strings.Join(parts, ".")
+}
+
+// An incident carries its name's shown form only: the packets ask its
+// labels, and the comment says when the shown form may not be the name
+// sent.
+func TestShownName(t *testing.T) {
+	long := strings.Repeat("x", 63) + "." + strings.Repeat("x", 62) + ".y" // event.MaxName bytes, the most shown
+	cases := []struct{ shown, labels, note string }{
+		{"svc-02.lab.test", "\x06svc-02\x03lab\x04test", ""},
+		{".", "", ""},
+		{"a?b.lab", "\x03a?b\x03lab", "; question name rebuilt from its shown form: a '?' may stand for another byte or a dot inside a label"},
+		{long, "\x3f" + long[:63] + "\x3e" + long[64:126] + "\x01y", "; question name rebuilt from its shown form: the name and its last label may go on past its 128 bytes"},
+	}
+	for _, c := range cases {
+		inc := incident()
+		inc.QName = c.shown
+		pkts, err := pcapout.Packets(inc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pkts {
+			if c.note == "" && strings.Contains(p.Comment, "question name") || !strings.Contains(p.Comment, c.note) {
+				t.Errorf("%q: comment %q, want it to say %q", c.shown, p.Comment, c.note)
+			}
+			// raw IPv4 (20 bytes) + UDP (8) + DNS header (12): the question
+			if q := p.Data[40:]; string(q[:len(q)-4]) != c.labels+"\x00" {
+				t.Errorf("%q: packet asks %q, want %q", c.shown, q, c.labels+"\x00")
+			}
+		}
 	}
 }
