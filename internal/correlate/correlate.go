@@ -287,7 +287,7 @@ const internSlots = 1 << 13
 
 type interned struct {
 	h uint64
-	s string
+	n event.Name
 }
 
 // intern returns the question's name as a string, shared with earlier
@@ -295,12 +295,12 @@ type interned struct {
 // the hot path neither allocates a string nor converts the name from its
 // wire form per query. h, the hash of its wire form, is the name's identity
 // here as everywhere in the correlator (retries, siblings).
-func (c *Correlator) intern(h uint64, d *event.DNS) string {
+func (c *Correlator) intern(h uint64, d *event.DNS) event.Name {
 	e := &c.strs[h&(internSlots-1)]
-	if e.h != h || e.s == "" {
-		*e = interned{h, string(d.NameBytes())}
+	if e.h != h || e.n == (event.Name{}) {
+		*e = interned{h, d.Name()}
 	}
-	return e.s
+	return e.n
 }
 
 const locSlots = 64
@@ -614,7 +614,7 @@ func (c *Correlator) flowOf(ct event.CT, qid uint64) *Flow {
 		q = c.ix.onSocket(ct.Orig.Src, ct.Orig.Dst)
 	}
 	if q != nil {
-		f.NetNS, f.QName, f.QType, f.PID = q.netns, q.qname, QType(q.qtype), q.pid
+		f.NetNS, f.QName, f.QType, f.PID = q.netns, q.qname.String(), QType(q.qtype), q.pid
 		f.Comm = c.comm(q.comm)
 	}
 	return f

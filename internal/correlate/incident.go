@@ -8,6 +8,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/dnsrace/dnsrace/internal/ctstats"
+	"github.com/dnsrace/dnsrace/internal/event"
 )
 
 // Causes, stable names used in text and JSON output.
@@ -135,12 +136,15 @@ type Retry struct {
 // (each lost packet has its own). Or one race the kernel rescued, cause
 // clash_resolved, with no stall.
 type Incident struct {
-	Type    string         `json:"type"` // "incident"
-	ID      uint64         `json:"id"`
-	Time    time.Time      `json:"time"` // when the first lost query was sent
-	Cause   string         `json:"cause"`
-	Race    *string        `json:"race"`
-	QName   string         `json:"qname"`
+	Type  string    `json:"type"` // "incident"
+	ID    uint64    `json:"id"`
+	Time  time.Time `json:"time"` // when the first lost query was sent
+	Cause string    `json:"cause"`
+	Race  *string   `json:"race"`
+	QName string    `json:"qname"`
+	// Name is the question name as the query carried it (QName is its
+	// shown form); not in JSON.
+	Name    event.Name     `json:"-"`
 	QType   QType          `json:"qtype"`
 	NetNS   uint32         `json:"netns"`
 	PID     uint32         `json:"pid,omitempty"`

@@ -38,7 +38,7 @@ type query struct {
 	name   uint64 // hash of the question name
 	sock   sockKey
 	nk     nameKey
-	qname  string // interned: queries for one name share it
+	qname  event.Name // interned: queries for one name share it
 	sentNs uint64
 	cgroup uint64
 	pid    uint32

@@ -308,7 +308,7 @@ func (c *Correlator) fillIncident(inc *Incident, q *query, cause, race string) {
 	c.nextID++
 	*inc = Incident{
 		Type: "incident", ID: c.nextID, Time: c.cfg.Wall(q.sentNs), Cause: cause,
-		QName: q.qname, QType: QType(q.qtype), NetNS: q.netns, PID: q.pid,
+		QName: q.qname.String(), Name: q.qname, QType: QType(q.qtype), NetNS: q.netns, PID: q.pid,
 		Comm: c.comm(q.comm), Cgroup: q.cgroup, Src: q.src, Dst: q.dst,
 		NodeNetNS: q.nodeNS, Tier: tierOf(q), Lost: []Packet{},
 	}

@@ -193,6 +193,9 @@ func asked(n event.Name) question {
 // says that it may not be. (A name the trace cut inside a label shows as
 // a shorter whole name; nothing here can tell.)
 func questionOf(inc *correlate.Incident) question {
+	if inc.Name != (event.Name{}) {
+		return asked(inc.Name)
+	}
 	var d event.DNS
 	if inc.QName == "." { // the root (QName's form)
 		d.SetQName("")
