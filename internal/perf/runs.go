@@ -17,6 +17,10 @@ type Runs struct {
 	// answered; "loop": a system call loop's iteration) and Units how many.
 	Unit  string  `json:"unit"`
 	Units float64 `json:"units"`
+	// Sent: the flood's packets or queries sent (0 for a loop); Delivered:
+	// those its sink took (packet floods).
+	Sent      float64 `json:"sent,omitempty"`
+	Delivered float64 `json:"delivered,omitempty"`
 	// PerUnit is every program's runs together, per unit.
 	PerUnit float64 `json:"runs_per_unit"`
 	// Programs: each program's runs and time (run_time_ns, which includes
@@ -108,9 +112,9 @@ func (h *harness) countCase(ctx context.Context, c Case) (*Runs, error) {
 	case c.Syscall != "":
 		r.Unit, r.Units = "loop", float64(m.received)
 	case c.DNS:
-		r.Unit, r.Units = "query", float64(m.flood.Answers)
+		r.Unit, r.Units, r.Sent = "query", float64(m.flood.Answers), float64(m.flood.Sent)
 	default:
-		r.Unit, r.Units = "packet", float64(m.flood.Sent)
+		r.Unit, r.Units, r.Sent, r.Delivered = "packet", float64(m.flood.Sent), float64(m.flood.Sent), float64(m.received)
 	}
 	if r.Units > 0 {
 		for _, p := range r.Programs {

@@ -1,0 +1,171 @@
+package perf
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/features"
+
+	"github.com/dnsrace/dnsrace/internal/kconfig"
+	"github.com/dnsrace/dnsrace/internal/testutil"
+)
+
+// dnsraceBinary is DNSRACE_BIN (the VM harness's /usr/bin/dnsrace), or
+// ./cmd/dnsrace built into t's temporary directory.
+func dnsraceBinary(t *testing.T) string {
+	t.Helper()
+	if exe := os.Getenv("DNSRACE_BIN"); exe != "" {
+		return exe
+	}
+	exe := filepath.Join(t.TempDir(), "dnsrace")
+	cmd := exec.Command("go", "build", "-o", exe, "../../cmd/dnsrace")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building dnsrace: %v\n%s", err, out)
+	}
+	return exe
+}
+
+// TestRunsPerUnit runs the count pass of every cost case in the tier under
+// test (DNSRACE_TEST_TIER; default tracepoint) and holds the design to its
+// counts: each program may run at most once at each hook point its path
+// crosses, and nowhere else. Counts hold under emulation, so the VM
+// matrix runs it in every tier on every kernel; each case is logged as a
+// RUNS line (scripts/vmtest collects them).
+//
+// The lab (internal/lab): pod0 - veth - br0 on the node - routed - veth -
+// the dns namespace. A forwarded packet crosses two egress devices (pod0's
+// eth0, the node's uplink) and three ingress ones (the node's pod0 port,
+// br0, the dns namespace's eth0); an answer three egress (the dns
+// namespace's eth0, br0, the node's pod0 port) and two ingress. The node
+// NATs, so in the tracepoint tier on 6.4+ the netfilter program is linked
+// there and runs at its POSTROUTING for every packet it forwards.
+func TestRunsPerUnit(t *testing.T) {
+	testutil.RequireRoot(t)
+	tier := os.Getenv("DNSRACE_TEST_TIER")
+	if tier == "" {
+		tier = "tracepoint"
+	}
+	if tier == "fentry" {
+		if limit := testutil.FentryLimit(); limit != "" {
+			t.Skipf("no fentry tier on this kernel: %s (the trace suites assert the fallback)", limit)
+		}
+	}
+	cfg := Config{
+		Exe:           dnsraceBinary(t),
+		CountOnly:     true,
+		CountDuration: time.Duration(testutil.EnvInt(t, "DNSRACE_TEST_COUNT_SECONDS", 1, 1)) * time.Second,
+		Attach:        tier,
+		Log:           os.Stderr,
+	}
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Cases) != len(Cases) {
+		t.Fatalf("%d cases counted, want %d", len(res.Cases), len(Cases))
+	}
+	netfilter := features.HaveProgramType(ebpf.Netfilter) == nil
+	for _, c := range res.Cases {
+		r := c.Runs
+		if r == nil || r.Invalid || r.Units < 100 {
+			t.Errorf("%s: no valid count: %s", c.Name, runsLine(r))
+			continue
+		}
+		t.Log(runsRecord(tier, c.Name, r))
+		for _, p := range r.Programs {
+			limit := runBound(tier, c, r, p.Name, netfilter)
+			if got := float64(p.Runs) / r.Units; got > limit {
+				t.Errorf("%s, %s tier: %s ran %.3f times per %s, the design allows %.3f", c.Name, tier, p.Name, got, r.Unit, limit)
+			}
+		}
+	}
+}
+
+// runsRecord is one case's counts on one line, for scripts/vmtest:
+// RUNS kernel=K tier=T case=C unit=U total=N prog=N ...
+func runsRecord(tier, name string, r *Runs) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "RUNS kernel=%s tier=%s case=%s unit=%s total=%.2f", kconfig.Release(), tier, name, r.Unit, r.PerUnit)
+	progs := append([]ProgStat(nil), r.Programs...)
+	sort.Slice(progs, func(i, j int) bool { return progs[i].Name < progs[j].Name })
+	for _, p := range progs {
+		fmt.Fprintf(&b, " %s=%.2f", p.Name, float64(p.Runs)/r.Units)
+	}
+	return b.String()
+}
+
+// slack covers other traffic on the machine during the pass.
+const slack = 0.02
+
+// runBound is how often program prog may run per unit of case c: once per
+// hook point on the path, per packet that takes it.
+func runBound(tier string, c CaseResult, r *Runs, prog string, netfilter bool) float64 {
+	// Drops run the drop hooks once each; a flood's drops are what it
+	// sent beyond what its sink took (packets) or was answered (queries).
+	drops := 0.0
+	switch {
+	case c.Path == "syscall":
+	case c.DNS:
+		drops = (r.Sent - r.Units) / r.Units
+	default:
+		drops = (r.Sent - r.Delivered) / r.Units
+	}
+	if strings.Contains(prog, "kfree_skb") || strings.Contains(prog, "udp_fail_queue_rcv_skb") {
+		return drops + slack
+	}
+	if strings.HasPrefix(prog, "tp_kmem_cache_free") {
+		// Every slab free: only where the netfilter program cannot load
+		// (before 6.4), and then unbounded by the design.
+		if tier == "tracepoint" && !netfilter {
+			return 1e9
+		}
+		return slack
+	}
+	if c.Path == "syscall" {
+		return slack // nothing else runs where no packet goes
+	}
+	// per unit: the packets of one unit (a DNS unit is a query and its
+	// answer; an unanswered query goes only one way)
+	oneWay := 1.0
+	if c.DNS {
+		oneWay = 1 + drops
+	}
+	hops := func(query, answer float64) float64 {
+		if !c.DNS {
+			return query + slack
+		}
+		return query*oneWay + answer + slack
+	}
+	fwd := c.Path == "forward"
+	switch {
+	case strings.HasSuffix(prog, "udp_sendmsg") || strings.HasSuffix(prog, "udpv6_sendmsg"):
+		return hops(1, 1) // the sender's socket; the responder's
+	case strings.HasSuffix(prog, "skb_consume_udp"):
+		return hops(1, 1) // the sink's or responder's socket; the asker's
+	case strings.Contains(prog, "nf_conntrack_confirm") || strings.Contains(prog, "nf_ct_resolve_clash"):
+		// a flood's sockets keep their 5-tuple: one new entry each
+		return slack
+	case prog == "tp_net_dev_queue" && fwd:
+		return hops(2, 3)
+	case prog == "tp_net_dev_queue":
+		return hops(1, 1) // lo
+	case prog == "tp_netif_receive_skb" && fwd:
+		return hops(3, 2)
+	case prog == "tp_netif_receive_skb":
+		return hops(1, 1)
+	case prog == "nf_confirm_soon" && fwd:
+		return hops(1, 1) // the node's POSTROUTING
+	case prog == "nf_confirm_soon":
+		return slack // the pods do not NAT: not watched there
+	}
+	return slack // a program this case should not run
+}
