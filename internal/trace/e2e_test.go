@@ -152,6 +152,9 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 	for _, n := range rep.ConntrackByNetNS {
 		labNS[n.NetNS] = n
 	}
+	if len(rep.NATNetNS) == 0 {
+		t.Fatal("the lab named no NAT namespace: the reconciliation below would check nothing")
+	}
 	for _, ns := range rep.NATNetNS {
 		n, ok := byNS[ns]
 		if !ok {
