@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"image"
 	_ "image/png"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -49,6 +52,37 @@ func leftovers(prefix string) []string {
 		}
 	}
 	return left
+}
+
+// udpOutDatagrams reads the UDP datagrams namespace ns has sent (Udp
+// OutDatagrams of /proc/net/snmp, read through thread-self: /proc/self/net
+// is the namespace of the process's main thread).
+func udpOutDatagrams(ns string) (uint64, error) {
+	var raw []byte
+	err := nsutil.Do(ns, func() (err error) {
+		raw, err = os.ReadFile("/proc/thread-self/net/snmp")
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	var names []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 0 || f[0] != "Udp:" {
+			continue
+		}
+		if names == nil {
+			names = f[1:]
+			continue
+		}
+		for i, n := range names {
+			if n == "OutDatagrams" && i+1 < len(f) {
+				return strconv.ParseUint(f[i+1], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("no Udp OutDatagrams in /proc/net/snmp of %s", ns)
 }
 
 func assertClean(t *testing.T, prefix string) {
@@ -132,22 +166,35 @@ func TestLabInterruptLeavesNothing(t *testing.T) {
 			const prefix = "dnsrace-e2"
 			defer assertClean(t, prefix)
 			cmd := exec.Command(dnsraceBin, "lab", "run", "--scenario", sc, "--duration", "60s", "--prefix", prefix)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			// Interrupt mid-run, while lookups are in flight.
-			deadline := time.Now().Add(30 * time.Second)
-			for !nsutil.Exists(prefix+"-pod0") && time.Now().Before(deadline) {
-				time.Sleep(50 * time.Millisecond)
-			}
-			time.Sleep(3 * time.Second)
-			_ = cmd.Process.Signal(syscall.SIGINT)
 			done := make(chan error, 1)
 			go func() { done <- cmd.Wait() }()
+			// Interrupt mid-run, once pod 0 has sent queries (its kernel's
+			// count): lookups are in flight.
+			sent := uint64(0)
+			for deadline := time.Now().Add(30 * time.Second); sent == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+				if nsutil.Exists(prefix + "-pod0") {
+					sent, _ = udpOutDatagrams(prefix + "-pod0")
+				}
+			}
+			if sent == 0 {
+				_ = cmd.Process.Kill()
+				<-done
+				t.Fatalf("pod0 sent no query within 30 s of lab run: nothing in flight to interrupt; stderr %q", stderr.String())
+			}
+			_ = cmd.Process.Signal(syscall.SIGINT)
 			select {
 			case err := <-done:
 				if err == nil {
 					t.Errorf("interrupted run exited 0")
+				}
+				// It ended through the interrupt, not another failure.
+				if !strings.Contains(stderr.String(), "interrupted; the lab was torn down") {
+					t.Errorf("interrupted run (%v, pod0 had sent %d datagrams): stderr %q, want the interrupt named", err, sent, stderr.String())
 				}
 			case <-time.After(30 * time.Second):
 				_ = cmd.Process.Kill()

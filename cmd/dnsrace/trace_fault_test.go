@@ -252,10 +252,11 @@ func TestTraceSIGKILLLeavesNoBPF(t *testing.T) {
 		}
 	}
 	t.Logf("the tracer holds %d programs (%d named like dnsrace's), %d links, %d maps", len(progs), ours, len(links), len(maps))
-	if ours == 0 || len(links) == 0 {
+	// Each kind must be there, or its check below loops over nothing.
+	if ours == 0 || len(links) == 0 || len(maps) == 0 {
 		tr.Process.Kill()
 		tr.Wait()
-		t.Fatalf("found none of dnsrace's programs or links in /proc/%d/fdinfo: %v %v", tr.Process.Pid, progs, links)
+		t.Fatalf("found none of dnsrace's programs, links or maps in /proc/%d/fdinfo: %v %v %v", tr.Process.Pid, progs, links, maps)
 	}
 
 	if err := tr.Process.Signal(syscall.SIGKILL); err != nil {

@@ -192,7 +192,14 @@ func TestTraceBinaryKubernetes(t *testing.T) {
 	}
 	waitReady(t, tr, ready, &stderr)
 	look := exec.Command(dnsraceBin, nsutil.ExecHelperArg, prefix+"-pod0", "--", "getent", "ahosts", lab.QName(0))
-	_ = look.Run()
+	t0 := time.Now()
+	lookErr := look.Run()
+	// The client's own measure: the lookup waited out a resolver timeout.
+	if took := time.Since(t0); took < stallAtLeast {
+		tr.Process.Kill()
+		tr.Wait()
+		t.Fatalf("the lookup took %v (%v), less than a resolver timeout: the firewall dropped nothing to attribute", took, lookErr)
+	}
 	time.Sleep(300 * time.Millisecond)
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {

@@ -32,15 +32,19 @@ import (
 const answerWithin = time.Second
 
 // TestTraceLiveUnderLoad: while real DNS traffic keeps the reader busy
-// (glibc lookups that stall on the SNAT race, plus a paced query flood),
-// SIGUSR1 three times, /metrics scraped in a loop by 20 clients and the
-// progress line must all keep answering, and SIGTERM must still end with the
-// summary. The reader never shares a lock with any of them.
+// (glibc lookups in 4 pods whose AAAA queries the node's firewall drops, so
+// that every lookup stalls and incidents are written throughout, plus a
+// paced query flood), SIGUSR1 three times, /metrics scraped in a loop by 20
+// clients and the progress line must all keep answering, and SIGTERM must
+// still end with the summary. The reader never shares a lock with any of
+// them. The stalls come from the rule-drop lab, not a race: lookups started
+// one by one through the helper seldom race (TestPrometheusEndToEnd), and
+// with no incident the checkpoints' counts below would compare zeros.
 func TestTraceLiveUnderLoad(t *testing.T) {
 	testutil.RequireRoot(t)
 	prefix := fmt.Sprintf("dnsrace-lv%d", time.Now().UnixNano()%10000)
 	defer assertClean(t, prefix)
-	if r := runBin(t, 60*time.Second, "lab", "up", "--scenario", "snat-port", "--prefix", prefix); r.code != 0 {
+	if r := runBin(t, 60*time.Second, "lab", "up", "--scenario", "rule-drop", "--pods", "4", "--prefix", prefix); r.code != 0 {
 		t.Fatalf("lab up: %s", r.stderr)
 	}
 	defer runBin(t, 60*time.Second, "lab", "down", "--prefix", prefix)
@@ -88,8 +92,8 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 14*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
-	// Load: glibc lookups in every pod (they stall on the SNAT race) and a
-	// paced flood of answered queries from pod 0.
+	// Load: glibc lookups in every pod (each stalls on its dropped AAAA)
+	// and a paced flood of answered A queries from pod 0.
 	for i := 0; i < 4; i++ {
 		wg.Add(1)
 		go func() {
@@ -133,7 +137,7 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 	// Every checkpoint must count exactly the incidents written before it
 	// (it is written between two ticks' output, never inside an incident);
 	// tally counts the incidents and checks each checkpoint.
-	incidents, checkpoints := 0, 0
+	incidents, checkpoints, afterIncidents := 0, 0, 0
 	tally := func(l line) {
 		switch l.obj["type"] {
 		case "incident":
@@ -142,6 +146,9 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 			checkpoints++
 			if n := countIncidents(l.obj); n != incidents {
 				t.Errorf("checkpoint %d counts %d incidents, %d were written before it", checkpoints, n, incidents)
+			}
+			if incidents > 0 {
+				afterIncidents++
 			}
 		}
 	}
@@ -203,10 +210,15 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 	if summary == nil {
 		t.Fatalf("no summary after SIGTERM; stderr:\n%s", errb.String())
 	}
-	t.Logf("flood %+v; %d checkpoints for a burst of 50 SIGUSR1; %d scrapes (%d failed or slower than %v); summary %v after SIGTERM; events %v lost %v",
-		flood, burst, scrapes.Load(), slow.Load(), answerWithin, time.Since(stopped).Round(time.Millisecond), summary["events"], summary["events_lost"])
+	t.Logf("flood %+v; %d incidents; %d checkpoints for a burst of 50 SIGUSR1; %d scrapes (%d failed or slower than %v); summary %v after SIGTERM; events %v lost %v",
+		flood, incidents, burst, scrapes.Load(), slow.Load(), answerWithin, time.Since(stopped).Round(time.Millisecond), summary["events"], summary["events_lost"])
 	if burst == 0 {
 		t.Error("no checkpoint for a burst of 50 SIGUSR1")
+	}
+	// The checkpoints' counts were checked against something: incidents
+	// were written before some of them.
+	if incidents == 0 || afterIncidents == 0 {
+		t.Errorf("%d incidents written, %d of %d checkpoints after one: the counts compared zeros", incidents, afterIncidents, checkpoints)
 	}
 	if n := countIncidents(summary); n != incidents {
 		t.Errorf("the summary counts %d incidents, %d were written", n, incidents)

@@ -41,6 +41,12 @@ func assertNothingLeft(t *testing.T, prefix string) {
 func TestScenarios(t *testing.T) {
 	testutil.RequireRoot(t)
 	only := os.Getenv("DNSRACE_SCENARIOS")
+	if only != "" {
+		// A misspelt name would run nothing and pass.
+		if _, err := LookupScenarios(strings.Split(only, ",")); err != nil {
+			t.Fatalf("DNSRACE_SCENARIOS=%q: %v", only, err)
+		}
+	}
 	for _, sc := range Scenarios {
 		if only != "" && !strings.Contains(","+only+",", ","+sc.Name+",") {
 			continue

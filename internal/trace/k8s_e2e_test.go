@@ -161,14 +161,20 @@ func TestTraceKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Tell a race that did not happen from one the tracer missed: the lab
+	// must have made one (its clients stalled, the kernel refused inserts,
+	// its expectation met) before the tracer's view is compared with it.
+	if rep.Stalls == 0 {
+		t.Fatalf("the lab produced no stall in %.0f s (%d queries sent, %d answers; kernel %+v): nothing to attribute",
+			rep.DurationS, rep.QueriesSent, rep.AnswersReceived, rep.Conntrack)
+	}
+	if !rep.Expectation.Met {
+		t.Fatalf("the lab's snat-port run did not show its expected outcome (%s): %s", rep.Expectation.Text, strings.Join(rep.Expectation.Failures, "; "))
+	}
 	// Pod attribution, in JSON too.
-	if len(incidents) == 0 {
-		// Tell a race that did not happen from one the tracer missed.
-		if rep.Stalls == 0 {
-			t.Fatalf("the lab produced no stall in %.0f s (%d queries sent, %d answers; kernel %+v): nothing to attribute",
-				rep.DurationS, rep.QueriesSent, rep.AnswersReceived, rep.Conntrack)
-		}
-		t.Fatalf("no incident in the lab's pods, which stalled %d lookups (kernel %+v):\n%s", rep.Stalls, rep.Conntrack, out.String())
+	if len(incidentsOf(incidents, correlate.CauseInsertRace)) == 0 {
+		t.Fatalf("no insert_race incident in the lab's pods (%d of other causes), which stalled %d lookups (kernel %+v):\n%s",
+			len(incidents), rep.Stalls, rep.Conntrack, out.String())
 	}
 	for _, inc := range incidents {
 		p := podOfNS[inc.NetNS]
@@ -233,6 +239,9 @@ func TestTraceKubernetes(t *testing.T) {
 		t.Fatalf("tcpdump -nr: %v\n%s", err, dump)
 	}
 	for _, inc := range incidents {
+		if len(inc.Lost) == 0 {
+			t.Errorf("incident %d (%s): no lost packet to find in the pcap", inc.ID, inc.Cause)
+		}
 		for i, l := range inc.Lost {
 			if i > 0 {
 				break // later lost packets carry the first one's tuple
