@@ -67,6 +67,23 @@ sed -e 's/6\.1\.0-57-cloud-amd64/6.12.117+deb12-cloud-amd64/g' -e 's/kernel=6\.1
 	-e 's/^VMTEST-RESULT kernel=6.12 tier=kprobe suite=probe/[    5.1] audit: x VMTEST-RESULT kernel=6.12 tier=kprobe suite=probe/' \
 	"$tmp/6.1.log" >"$tmp/6.12.log"
 
+# The runs table: a guest's RUNS markers, totals by case and each program's share.
+cat >"$tmp/runs.log" <<'EOF'
+VMTEST-PLAN kernel=6.12 package=linux-image-6.12.117+deb12-cloud-amd64-unsigned version=6.12.117-1~deb12u1 uname=6.12.117+deb12-cloud-amd64 tiers=fentry suites=runs accel=tcg timeout=600
+VMTEST-BOOT kernel=6.12 uname=6.12.117+deb12-cloud-amd64 uptime=3.1 cpus=2
+VMTEST-RUNS label=6.12 kernel=6.12.117+deb12-cloud-amd64 tier=fentry case=udp-forward unit=packet total=2.00 fe_skb_consume_udp=1.00 fe_udp_sendmsg=1.00 tp_kfree_skb_rx_sk=0.00
+VMTEST-RUNS label=6.12 kernel=6.12.117+deb12-cloud-amd64 tier=fentry case=syscall-open unit=loop total=0.00
+VMTEST-RESULT kernel=6.12 tier=fentry suite=runs status=pass rc=0 seconds=40 passed=1 skipped=0 failed=0
+VMTEST-DONE kernel=6.12 uptime=44
+VMTEST-HOST kernel=6.12 rc=0 wall=45.0 timed_out=0
+EOF
+expect runs 0 \
+	'^BPF program runs per unit' \
+	'^6\.12 +fentry +2\.00 +0\.00$' \
+	'^  6\.12 fentry udp-forward: fe_skb_consume_udp=1\.00 fe_udp_sendmsg=1\.00$' \
+	'!syscall-open:' \
+	-- "$tmp/runs.log"
+
 expect all-pass 0 \
 	'^kernel +uname +suite +fentry +kprobe +tracepoint' \
 	'^6\.1 +6\.1\.0-57-cloud-amd64 +probe +pass +pass +pass' \
