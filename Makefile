@@ -26,9 +26,10 @@ deps: ## Install build and test dependencies from Debian (root)
 demo: build ## Run the tracer through the lab's race scenarios (root)
 	./dnsrace demo
 
-lint: ## gofmt and go vet
+lint: ## gofmt, go vet and staticcheck (a tool dependency in go.mod: nothing to install)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
 
 test-unit: ## Tests that need no root
 	$(GO) test $(GOFLAGS_TEST) -short ./...

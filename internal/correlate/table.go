@@ -59,20 +59,6 @@ func (t *table[V]) get(k uint64) (V, bool) {
 	}
 }
 
-// ref returns a pointer to k's value, nil if k is absent, for values kept
-// in the table itself (one cache miss, not two). It is valid until the
-// table next changes.
-func (t *table[V]) ref(k uint64) *V {
-	for i := t.slot(k); ; i = (i + 1) & t.mask() {
-		switch t.slots[i].k {
-		case k:
-			return &t.slots[i].v
-		case 0:
-			return nil
-		}
-	}
-}
-
 // refOrAdd is ref, adding k with a zero value when it is absent: one probe
 // run (empty slots hold zero values), two only when the table must grow.
 func (t *table[V]) refOrAdd(k uint64) *V {
@@ -180,12 +166,4 @@ func (t *table[V]) shrink() {
 	if bits != 64-t.shift {
 		t.resize(bits)
 	}
-}
-
-// nonZero maps a hash to a usable key (0 marks an empty slot).
-func nonZero(h uint64) uint64 {
-	if h == 0 {
-		return 1
-	}
-	return h
 }

@@ -226,9 +226,6 @@ func (a Assessment) Class(c Class) ClassResult {
 	return ClassResult{Class: c}
 }
 
-// Known reports whether anything at all was known (a release or BTF).
-func (f Facts) Known() bool { return f.VersionOK || f.BTFLoaded || f.KallsymsRead }
-
 // Assess classifies the kernel described by f. See the package comment.
 func Assess(f Facts) Assessment {
 	var a Assessment

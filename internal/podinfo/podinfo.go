@@ -32,9 +32,6 @@ type Pod struct {
 	Comm string `json:"comm,omitempty"`
 }
 
-// Known reports whether p names a pod or the host.
-func (p Pod) Known() bool { return p.UID != "" || p.Host }
-
 // Config says where the node's files are.
 type Config struct {
 	// ProcRoot is the host's /proc (default /proc).
