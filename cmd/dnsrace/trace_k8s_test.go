@@ -200,15 +200,23 @@ func TestTraceBinaryKubernetes(t *testing.T) {
 		tr.Wait()
 		t.Fatalf("the lookup took %v (%v), less than a resolver timeout: the firewall dropped nothing to attribute", took, lookErr)
 	}
-	time.Sleep(300 * time.Millisecond)
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		tr.Process.Kill()
-		tr.Wait()
-		t.Fatalf("scraping: %v; stderr %s", err, stderr.String())
+	// The incident is out once the retry's attempt is answered and the
+	// next tick has written it: scrape until it is counted (or 10 s).
+	var body []byte
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			tr.Process.Kill()
+			tr.Wait()
+			t.Fatalf("scraping: %v; stderr %s", err, stderr.String())
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(body), `dnsrace_incidents_total{cause="rule_drop"} 0`) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
 	_ = tr.Process.Signal(syscall.SIGTERM)
 	if err := tr.Wait(); err != nil {
 		t.Fatalf("trace exited with %v: %s", err, stderr.String())
