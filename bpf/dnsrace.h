@@ -26,10 +26,10 @@
 /* Room for a DNS copy in a scratch record: a power of two above DNS_CAP, so
  * a length masked with DNS_ROOM - 1 is provably inside it. */
 #define DNS_ROOM 512
-/* DNS ports a session can filter on (--port takes a list). */
+/* DNS ports a tracer can recognise queries by (--port takes a list). */
 #define MAX_PORTS 8
 
-/* Must match event.RecType (checked by a test). */
+/* internal/event decodes these (recQuery, recAnswer, recEvent; TestEnumValues). */
 enum rec_type {
 	REC_INVALID = 0,
 	REC_QUERY = 1,  /* struct rec_query: a query first seen */
@@ -37,7 +37,7 @@ enum rec_type {
 	REC_EVENT = 3,  /* struct rec_event: evidence about a query or answer */
 };
 
-/* Kinds of REC_EVENT. Must match event.EventKind. */
+/* Kinds of REC_EVENT: event.Kind from KindDrop on, in this order (TestEnumValues). */
 enum ev_kind {
 	EV_INVALID = 0,
 	/* skb:kfree_skb of a DNS packet: reason, location, its entry and, in
@@ -65,7 +65,7 @@ enum ev_kind {
 	EV_CT_NETNS = 8,
 };
 
-/* Must match event.Tier. */
+/* event.Tier (TestEnumValues). */
 enum tier {
 	TIER_NONE = 0,
 	TIER_TRACEPOINT = 1,
@@ -157,7 +157,7 @@ struct config {
 	__u32 _pad;
 };
 
-/* Per-CPU counters, indexes of the stats map. Must match event.Stat*. */
+/* Per-CPU counters, indexes of the stats map: event.StatRingLost and its siblings. */
 enum dnsrace_stat {
 	STAT_RING_LOST = 0,     /* records the ring buffer had no room for */
 	STAT_FLOWS_NEW = 1,     /* flows inserted (queries first seen) */

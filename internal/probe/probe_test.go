@@ -708,33 +708,83 @@ func forcedTierQuery(t *testing.T, tr *Tracer) {
 	}
 }
 
-// TestForcedTierRefused: forcing fentry or kprobe where the kernel cannot
-// do it must fail Open with a TierError naming the hook. Where the tier
-// works (the VM kernels), Open must instead report it attached.
+// TestForcedTierRefused: forcing fentry or kprobe must attach the confirm
+// hook in that tier where the kernel can give it, and fail Open with a
+// TierError naming the hook where it cannot. Which one applies is asked of
+// the kernel directly (a trivial program attached), not of the loader.
 func TestForcedTierRefused(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
-	for _, tier := range []event.Tier{event.TierFentry, event.TierKprobe} {
-		t.Run(tier.String(), func(t *testing.T) {
-			tr, err := Open(Options{Attach: tier})
-			if err == nil {
-				defer tr.Close()
-				if p := probeByHook(tr, "nf_conntrack_confirm"); !p.Attached || p.Tier != tier {
-					t.Errorf("Open succeeded but confirm hook is %s", p)
+	kprobe := testutil.KprobeLimit()
+	if kprobe != "" && testutil.KprobeMultiLimit() == "" {
+		kprobe = "" // kprobe.multi stands in
+	}
+	for _, c := range []struct {
+		tier  event.Tier
+		limit string
+	}{{event.TierFentry, testutil.FentryLimit()}, {event.TierKprobe, kprobe}} {
+		t.Run(c.tier.String(), func(t *testing.T) {
+			tr, err := Open(Options{Attach: c.tier})
+			if c.limit == "" {
+				if err != nil {
+					t.Fatalf("the kernel attaches %s programs, but forcing the tier failed: %v", c.tier, err)
 				}
-				t.Logf("%s works on this kernel: %s", tier, probeByHook(tr, "nf_conntrack_confirm"))
+				defer tr.Close()
+				if p := probeByHook(tr, "nf_conntrack_confirm"); !p.Attached || p.Tier != c.tier {
+					t.Errorf("forced %s: confirm hook is %s", c.tier, p)
+				}
 				return
+			}
+			if err == nil {
+				tr.Close()
+				t.Fatalf("forced %s opened, though the kernel refuses it: %s", c.tier, c.limit)
 			}
 			var te *TierError
 			if !errors.As(err, &te) {
-				t.Fatalf("forced %s: error is not a TierError: %v", tier, err)
+				t.Fatalf("forced %s: error is not a TierError: %v", c.tier, err)
 			}
-			if te.Tier != tier || te.Hook == "" || te.Err == nil {
+			if te.Tier != c.tier || te.Hook == "" || te.Err == nil {
 				t.Errorf("TierError %+v", te)
 			}
-			t.Logf("forced %s refused as expected: %v", tier, err)
+			t.Logf("forced %s refused (%s): %v", c.tier, c.limit, err)
 		})
 	}
+}
+
+// TestKprobeMulti: Options.KprobeMulti attaches the kprobe tier through
+// kprobe.multi links, which then trace a query; where the kernel has none
+// (before 5.18, or no CONFIG_FPROBE, as on the CI host) the forced tier is
+// refused saying so.
+func TestKprobeMulti(t *testing.T) {
+	testutil.RequireRoot(t)
+	requireBTF(t)
+	if tier := os.Getenv("DNSRACE_TEST_TIER"); tier != "" && tier != "kprobe" {
+		t.Skipf("a kprobe tier test: the VM matrix runs it with DNSRACE_TEST_TIER=kprobe, not %s", tier)
+	}
+	limit := testutil.KprobeMultiLimit()
+	tr, err := Open(Options{Attach: event.TierKprobe, KprobeMulti: true})
+	if limit != "" {
+		if err == nil {
+			tr.Close()
+			t.Fatalf("kprobe.multi forced and opened, though the kernel refuses it: %s", limit)
+		}
+		var te *TierError
+		if !errors.As(err, &te) || !strings.Contains(err.Error(), "kprobe.multi") {
+			t.Fatalf("want a TierError naming kprobe.multi, got %v", err)
+		}
+		t.Logf("refused (%s): %v", limit, err)
+		return
+	}
+	if err != nil {
+		t.Fatalf("kprobe.multi attaches here, but the forced tier failed: %v", err)
+	}
+	defer tr.Close()
+	for _, h := range []string{"nf_conntrack_confirm", "skb_consume_udp", "udp_sendmsg"} {
+		if p := probeByHook(tr, h); !p.Attached || p.Tier != event.TierKprobe || !strings.HasSuffix(p.Program, "(kprobe.multi)") {
+			t.Errorf("%s: %s, want attached through kprobe.multi", h, p)
+		}
+	}
+	forcedTierQuery(t, tr)
 }
 
 // TestKprobeProgramsLoad runs the verifier on the kprobe programs, which

@@ -37,3 +37,35 @@ func FentryLimit() string {
 	}
 	return ""
 }
+
+// KprobeLimit says why this kernel cannot give dnsrace the kprobe tier by
+// legacy kprobes, or "" if it can: a trivial kprobe program must attach to
+// udp_sendmsg (CONFIG_KPROBES).
+func KprobeLimit() string {
+	return kprobeLimit(func(p *ebpf.Program) (link.Link, error) { return link.Kprobe("udp_sendmsg", p, nil) }, ebpf.AttachNone)
+}
+
+// KprobeMultiLimit is KprobeLimit for kprobe.multi links (fprobe: 5.18+,
+// CONFIG_FPROBE).
+func KprobeMultiLimit() string {
+	return kprobeLimit(func(p *ebpf.Program) (link.Link, error) {
+		return link.KprobeMulti(p, link.KprobeMultiOptions{Symbols: []string{"udp_sendmsg"}})
+	}, ebpf.AttachTraceKprobeMulti)
+}
+
+func kprobeLimit(attach func(*ebpf.Program) (link.Link, error), at ebpf.AttachType) string {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.Kprobe, AttachType: at, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		return fmt.Sprintf("a kprobe program does not load: %v", err)
+	}
+	defer prog.Close()
+	l, err := attach(prog)
+	if err != nil {
+		return fmt.Sprintf("a kprobe program does not attach to udp_sendmsg: %v", err)
+	}
+	l.Close()
+	return ""
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"sort"
 	"sync"
@@ -92,6 +93,10 @@ type Session struct {
 	// be watched, and when the watched ones are next checked for gone.
 	watchErrs []string
 	nextPrune time.Time
+	// unwatched: per namespace watched only once its DNS showed (not at
+	// start), the races its clash_resolve counted before: rescued, no
+	// query lost, but no query can be named for them.
+	unwatched map[uint32]uint64
 
 	// Writer-owned (Stop's once the writer is done).
 	jsonl []byte // --json: each incident's line is built here
@@ -135,6 +140,7 @@ type snapshot struct {
 	attributed map[uint32]correlate.Attributed
 	ctNS       []uint32
 	watchErrs  []string
+	unwatched  map[uint32]uint64
 }
 
 // Start loads the probes and starts reading.
@@ -224,7 +230,7 @@ func (s *Session) handle(e *event.Event) {
 		if !s.ctNS[e.NetNS] {
 			s.ctNS[e.NetNS] = true
 			s.ns.Seen(e.NetNS)
-			s.watch(e.NetNS, "")
+			s.watchLate(e.NetNS)
 		}
 		return
 	}
@@ -318,6 +324,7 @@ func (s *Session) snapshot() *snapshot {
 		sn.ctNS = append(sn.ctNS, ns)
 	}
 	sn.watchErrs = append([]string(nil), s.watchErrs...)
+	sn.unwatched = maps.Clone(s.unwatched)
 	return sn
 }
 
@@ -418,6 +425,10 @@ type Summary struct {
 	// PcapErrors counts incidents --pcap could not write (set by the
 	// caller that owns the pcap file).
 	PcapErrors uint64 `json:"pcap_write_errors"`
+	// ClashBeforeWatched: of Attributed.ClashResolve, the races counted
+	// from the kernel's counter of namespaces watched late (see
+	// NamespaceSummary).
+	ClashBeforeWatched uint64 `json:"clash_resolve_before_watched,omitempty"`
 	// NetfilterErrors say why the netfilter program (tracepoint tier,
 	// 6.4+) could not be linked in a namespace: merged clash losers there
 	// are not seen.
@@ -448,6 +459,11 @@ type NamespaceSummary struct {
 	Kernel     ctstats.Counters     `json:"kernel"`
 	Attributed correlate.Attributed `json:"attributed"`
 	Late       bool                 `json:"baseline_late,omitempty"`
+	// ClashBeforeWatched: of the clash_resolve explained, the races the
+	// kernel rescued before the netfilter program was linked here (the
+	// namespace's DNS showed after dnsrace started): counted from the
+	// kernel's counter, no query named (tracepoint tier, 6.4+).
+	ClashBeforeWatched uint64 `json:"clash_resolve_before_watched,omitempty"`
 	// Watched: the netfilter program was linked in it (tracepoint tier,
 	// 6.4+), so merged clash losers there are seen.
 	Watched bool `json:"netfilter_watched,omitempty"`
@@ -580,7 +596,11 @@ func (s *Session) reconcile(typ string, sn *snapshot, lost uint64) *Summary {
 	for _, ns := range ids {
 		k, _ := s.ns.Delta(ns)
 		a := sn.attributed[ns]
-		sum.Namespaces = append(sum.Namespaces, NamespaceSummary{NetNS: ns, Path: s.ns.path(ns), Kernel: k, Attributed: a, Late: s.ns.isLate(ns), Watched: watched[ns]})
+		before := sn.unwatched[ns]
+		a.ClashResolve += before
+		sum.ClashBeforeWatched += before
+		sum.Namespaces = append(sum.Namespaces, NamespaceSummary{NetNS: ns, Path: s.ns.path(ns), Kernel: k, Attributed: a,
+			Late: s.ns.isLate(ns), Watched: watched[ns], ClashBeforeWatched: before})
 		sum.Kernel.Add(k)
 		sum.Attributed.Add(a)
 	}

@@ -268,6 +268,9 @@ func FormatSummary(s *Summary) string {
 	row("insert_failed", "packets refused at insertion", s.Kernel.InsertFailed, s.Attributed.InsertFailed)
 	row("drop", "packets conntrack dropped", s.Kernel.Drop, s.Attributed.Drop)
 	row("clash_resolve", "races the kernel resolved", s.Kernel.ClashResolve, s.Attributed.ClashResolve)
+	if s.ClashBeforeWatched > 0 {
+		fmt.Fprintf(&b, "      of which %d counted, not named: rescued before dnsrace watched their namespace's confirm (its DNS showed after the start)\n", s.ClashBeforeWatched)
+	}
 	fmt.Fprintf(&b, "    %-13s %-28s %8d  %8s\n", "early_drop", "entries evicted for room", s.Kernel.EarlyDrop, "-")
 	fmt.Fprintf(&b, "  records from the kernel: %d read (%d bytes), %d lost to a full ring buffer, %d malformed\n",
 		s.Events, s.EventBytes, s.EventsLost, s.Malformed)

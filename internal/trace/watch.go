@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/google/nftables"
@@ -54,6 +55,23 @@ func (s *Session) watch(ino uint32, path string) {
 	if err := s.tracer.WatchNetNS(ino, path); err != nil {
 		s.watchErrs = append(s.watchErrs, err.Error())
 	}
+}
+
+// watchLate links the netfilter program in a namespace whose DNS showed
+// only now: the races its counter took before (since dnsrace's baseline
+// of it) are kept as counted, not named. The counter is read first, so a
+// race in between is missed rather than counted twice.
+func (s *Session) watchLate(ino uint32) {
+	if !s.tracer.HasNetfilter() || slices.Contains(s.tracer.Watched(), ino) {
+		return
+	}
+	if k, ok := s.ns.Delta(ino); ok && k.ClashResolve > 0 {
+		if s.unwatched == nil {
+			s.unwatched = map[uint32]uint64{}
+		}
+		s.unwatched[ino] = k.ClashResolve
+	}
+	s.watch(ino, "")
 }
 
 // pruneWatched lets go of the watched namespaces that no process and no
