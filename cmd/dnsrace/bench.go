@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/dnsrace/dnsrace/internal/perf"
+	"github.com/dnsrace/dnsrace/internal/overhead"
 	"github.com/dnsrace/dnsrace/internal/runcost"
 )
 
@@ -108,11 +108,11 @@ func runBench(ctx context.Context, args []string) error {
 		if *queries <= 0 {
 			return usagef("--queries must be positive")
 		}
-		r := perf.Memory(*queries, *maxQueries)
+		r := overhead.Memory(*queries, *maxQueries)
 		if *jsonOut {
 			return writeJSON(r)
 		}
-		perf.WriteMemoryText(os.Stdout, r)
+		overhead.WriteMemoryText(os.Stdout, r)
 		return nil
 	}
 	if *runCost {
@@ -126,8 +126,8 @@ func runBench(ctx context.Context, args []string) error {
 			return usagef("--rate %d: want a positive rate", r)
 		}
 	}
-	known := make([]string, len(perf.Cases))
-	for i, k := range perf.Cases {
+	known := make([]string, len(overhead.Cases))
+	for i, k := range overhead.Cases {
 		known[i] = k.Name
 	}
 	for _, c := range *cases {
@@ -147,7 +147,7 @@ func runBench(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("finding this binary: %w", err)
 	}
-	cfg := perf.Config{
+	cfg := overhead.Config{
 		Exe: exe, Duration: *duration, Rounds: *rounds, Sockets: *sockets, Rates: *rates,
 		Cases: *cases, SkipCost: *skipCost, SkipCapacity: *skipCap, RingBufferSize: *ring, Attach: *attach, TracerArgs: *tracerArgs, CountDuration: *countDur, CountOnly: *countOnly, Floor: *floor, Log: os.Stderr,
 	}
@@ -155,7 +155,7 @@ func runBench(ctx context.Context, args []string) error {
 		cfg.Duration, cfg.Rounds, cfg.Rates = 2*time.Second, 1, []int{2000}
 		cfg.Cases = []string{"udp-forward", "dns-forward", "dns-loopback"}
 	}
-	res, err := perf.Run(ctx, cfg)
+	res, err := overhead.Run(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -164,10 +164,10 @@ func runBench(ctx context.Context, args []string) error {
 			return err
 		}
 	} else {
-		perf.WriteText(os.Stdout, res)
+		overhead.WriteText(os.Stdout, res)
 	}
 	if *smoke {
-		if p := perf.Problems(res); len(p) > 0 {
+		if p := overhead.Problems(res); len(p) > 0 {
 			for _, s := range p {
 				fmt.Fprintf(os.Stderr, "dnsrace bench: smoke: %s\n", s)
 			}

@@ -48,8 +48,11 @@ rescued (clash_resolved) are summed up per pod every 10 s.
 eBPF in the kernel follows each query by its first sight (its send, or the
 first device that carries it) and its conntrack entry afterwards, so NAT
 rewriting ports does not lose it; only what needs explaining reaches user
-space. Tiers: fentry, else kprobe, for the conntrack confirm/clash, send
-and delivery hooks; where neither attaches, tracepoints alone.
+space. Tiers: fentry, else kprobe (legacy, or kprobe.multi where legacy
+kprobes are compiled out), for the conntrack confirm/clash, send and
+delivery hooks; where neither attaches, tracepoints alone, with a
+netfilter program just before confirm (Linux 6.4+) in the namespaces
+that NAT.
 
 At the end (--duration, Ctrl-C or SIGTERM) what was explained is
 reconciled with the kernel's own per-CPU conntrack counters; SIGUSR1

@@ -21,7 +21,7 @@ import (
 
 	"github.com/dnsrace/dnsrace/internal/lab"
 	"github.com/dnsrace/dnsrace/internal/nsutil"
-	"github.com/dnsrace/dnsrace/internal/perf"
+	"github.com/dnsrace/dnsrace/internal/overhead"
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
@@ -104,11 +104,11 @@ func TestTraceLiveUnderLoad(t *testing.T) {
 			}
 		}()
 	}
-	var flood perf.FloodResult
+	var flood overhead.FloodResult
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		flood, _ = perf.Flood(ctx, perf.FloodConfig{NS: prefix + "-pod0", Dst: netip.AddrPortFrom(lab.VIP, 53),
+		flood, _ = overhead.Flood(ctx, overhead.FloodConfig{NS: prefix + "-pod0", Dst: netip.AddrPortFrom(lab.VIP, 53),
 			DNS: true, ReadAnswers: true, Rate: 20000, Duration: 12 * time.Second})
 	}()
 	// 20 scrapers, each request bounded by answerWithin.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
-	"github.com/dnsrace/dnsrace/internal/kernelfix"
+	"github.com/dnsrace/dnsrace/internal/clashfix"
 )
 
 // loadVmlinuxBTF reads the node's vmlinux BTF, if any.
@@ -28,7 +28,7 @@ func (e *env) loadVmlinuxBTF() (*btf.Spec, error) {
 // kernel resolve, and which still drop a packet (and so cost a 5 s retry)?
 func checkKernel(_ context.Context, e *env) Result {
 	var r Result
-	var f kernelfix.Facts
+	var f clashfix.Facts
 	var probs problems
 
 	var relErr error
@@ -86,7 +86,7 @@ func checkKernel(_ context.Context, e *env) Result {
 		return Result{Verdict: Skip, Reason: strings.Join(append(probs, "neither a kernel release nor conntrack BTF to classify by"), "; "),
 			Evidence: r.Evidence}
 	}
-	a := kernelfix.Assess(f)
+	a := clashfix.Assess(f)
 	var drops []string
 	for _, c := range a.Classes {
 		state := "resolved: " + c.Outcome
@@ -103,8 +103,8 @@ func checkKernel(_ context.Context, e *env) Result {
 	}
 	r.Evidence = append(r.Evidence, a.Notes...)
 
-	diff := a.Class(kernelfix.SameTupleDiffDNAT)
-	same := a.Class(kernelfix.SameTupleSameDNAT)
+	diff := a.Class(clashfix.SameTupleDiffDNAT)
+	same := a.Class(clashfix.SameTupleSameDNAT)
 	ver := f.Release
 	if !f.VersionOK {
 		ver = "this kernel"

@@ -1,4 +1,4 @@
-// Package perf is dnsrace's overhead and capacity harness (`dnsrace bench`).
+// Package overhead is dnsrace's overhead and capacity harness (`dnsrace bench`).
 //
 // It builds a namespace lab, floods it with UDP from Go (sendmmsg batches
 // from a pod namespace, several sockets, bounded in count and time), counts
@@ -11,4 +11,4 @@
 // Contract: every figure is measured, never asserted; the only check is
 // Smoke's, a correctness check (no lost events at a modest rate). Floods
 // only target addresses inside the lab's namespaces or loopback.
-package perf
+package overhead

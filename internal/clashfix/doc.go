@@ -1,4 +1,4 @@
-// Package kernelfix tells which conntrack insertion-race classes a kernel
+// Package clashfix tells which conntrack insertion-race classes a kernel
 // resolves and which still drop a packet, from the kernel's release string and,
 // when available, from facts read out of its BTF and /proc/kallsyms.
 //
@@ -22,4 +22,4 @@
 //
 // Reading BTF and kallsyms is done by the caller (ProbeBTF, ScanKallsyms) so
 // that doctor can point them at a host root mounted elsewhere.
-package kernelfix
+package clashfix

@@ -1,4 +1,4 @@
-package kernelfix
+package clashfix
 
 import (
 	"io/fs"
