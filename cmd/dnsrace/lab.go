@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/dnsrace/dnsrace/internal/benchplot"
+	"github.com/dnsrace/dnsrace/internal/surveyplot"
 	"github.com/dnsrace/dnsrace/internal/lab"
 )
 
@@ -32,8 +32,8 @@ Commands:
   run        build a scenario's lab, drive lookups, report, tear down
   up         build a lab and leave it standing (for dnsrace trace)
   down       tear a standing lab down (also cleans up after a crash)
-  bench      run scenarios repeatedly; JSON for comparing kernels
-  compare    compare bench files side by side, and plot them
+  survey     run scenarios repeatedly; JSON for comparing kernels
+  compare    compare survey files side by side, and plot them
   scenarios  list the scenarios and what each must show
 
 Examples:
@@ -41,7 +41,7 @@ Examples:
   sudo dnsrace lab run --scenario same-tuple --json > same-tuple.json
   sudo dnsrace lab up --scenario snat-port && sudo ip netns exec dnsrace-pod0 getent ahosts svc-00.lab.test.
   sudo dnsrace lab down
-  sudo dnsrace lab bench --iterations 3 --json > $(uname -r).json
+  sudo dnsrace lab survey --iterations 3 --json > $(uname -r).json
   dnsrace lab compare 6.1.json 6.18.json --plot kernels.png
 `
 
@@ -61,8 +61,8 @@ func runLab(ctx context.Context, args []string) error {
 		return labUp(rest)
 	case "down":
 		return labDown(rest)
-	case "bench":
-		return labBench(ctx, rest)
+	case "survey", "bench": // bench: its name until "bench" meant only the tracer's cost
+		return labSurvey(ctx, rest)
 	case "compare":
 		return labCompare(rest)
 	case "scenarios":
@@ -281,15 +281,15 @@ func labDown(args []string) error {
 	return lab.Teardown(*prefix)
 }
 
-func labBench(ctx context.Context, args []string) error {
-	fs := pflag.NewFlagSet("lab bench", pflag.ContinueOnError)
+func labSurvey(ctx context.Context, args []string) error {
+	fs := pflag.NewFlagSet("lab survey", pflag.ContinueOnError)
 	scenarios := fs.StringSlice("scenarios", lab.ScenarioNames(), "scenarios to run, comma-separated")
 	iterations := fs.Int("iterations", 1, "runs per scenario")
 	duration := fs.Duration("duration", 0, "per-run duration (default: each scenario's)")
 	prefix := fs.String("prefix", "dnsrace", "name prefix of the lab's namespaces")
 	resolver := fs.String("resolver", "", "resolver for the scenarios that use glibc: "+strings.Join(lab.Resolvers, ", ")+" (default glibc; under emulation glibc is too slow to race)")
 	asJSON := fs.Bool("json", false, "print the result as JSON (documented in README)")
-	if err := parseFlags(fs, args, "Usage: dnsrace lab bench [flags]\n\nRun scenarios repeatedly and report race, drop, resolve, loss and stall rates\nand latency per scenario: a kernel-regression benchmark.\n\n"); err != nil {
+	if err := parseFlags(fs, args, "Usage: dnsrace lab survey [flags]\n\nRun scenarios repeatedly and report race, drop, resolve, loss and stall rates\nand latency per scenario: how this kernel fares, in one JSON file to compare\nwith other kernels' (lab compare).\n\n"); err != nil {
 		return err
 	}
 	scs, err := lab.LookupScenarios(*scenarios)
@@ -302,10 +302,10 @@ func labBench(ctx context.Context, args []string) error {
 	if *resolver != "" && !contains(lab.Resolvers, *resolver) {
 		return usagef("unknown resolver %q (want %s)", *resolver, strings.Join(lab.Resolvers, ", "))
 	}
-	if err := requireRoot("dnsrace lab bench"); err != nil {
+	if err := requireRoot("dnsrace lab survey"); err != nil {
 		return err
 	}
-	res, err := lab.Bench(ctx, lab.BenchConfig{Prefix: *prefix, Scenarios: scs, Iterations: *iterations, Duration: *duration, Resolver: *resolver, Progress: os.Stderr})
+	res, err := lab.Survey(ctx, lab.SurveyConfig{Prefix: *prefix, Scenarios: scs, Iterations: *iterations, Duration: *duration, Resolver: *resolver, Progress: os.Stderr})
 	if err != nil {
 		return err
 	}
@@ -325,9 +325,9 @@ func labBench(ctx context.Context, args []string) error {
 
 const labCompareUsage = `Usage: dnsrace lab compare A.json B.json [C.json ...] [--plot FILE.svg|png]
 
-Print the rates and latencies of 'lab bench --json' files side by side, and
+Print the rates and latencies of 'lab survey --json' files side by side, and
 the change from the first file to the last. With --plot, also draw them:
-each scenario's lookup latency CDF on a log time axis (bench format 2) and
+each scenario's lookup latency CDF on a log time axis (survey format 2) and
 the race, loss and stall rates, one colour per file.
 
 `
@@ -354,19 +354,19 @@ func labCompare(args []string) error {
 			return usagef("--plot %s: want a .svg or .png file name", *plotFile)
 		}
 	}
-	var results []*lab.BenchResult
-	var inputs []benchplot.Input
+	var results []*lab.SurveyResult
+	var inputs []surveyplot.Input
 	for _, f := range files {
-		r, err := lab.ReadBench(f)
+		r, err := lab.ReadSurvey(f)
 		if err != nil {
 			return usageError{err}
 		}
 		results = append(results, r)
-		inputs = append(inputs, benchplot.Input{Name: f, Result: r})
+		inputs = append(inputs, surveyplot.Input{Name: f, Result: r})
 	}
 	lab.Compare(os.Stdout, results...)
 	if *plotFile != "" {
-		if err := benchplot.WriteFile(*plotFile, inputs); err != nil {
+		if err := surveyplot.WriteFile(*plotFile, inputs); err != nil {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "wrote %s\n", *plotFile)

@@ -107,8 +107,8 @@ func TestLabBadInput(t *testing.T) {
 		{"lab", "run", "--scenario", "snat-port", "--resolver", "bind9"},
 		{"lab", "run"},
 		{"lab", "run", "--scenario", "snat-port", "--no-such-flag"},
-		{"lab", "bench", "--iterations", "0"},
-		{"lab", "bench", "--resolver", "bind9"},
+		{"lab", "survey", "--iterations", "0"},
+		{"lab", "survey", "--resolver", "bind9"},
 		{"lab", "frobnicate"},
 	}
 	for _, args := range cases {
@@ -332,7 +332,7 @@ func TestLabDownLeavesOtherLabs(t *testing.T) {
 	}
 }
 
-// TestLabComparePlot runs `lab compare --plot` on two bench files (format 2
+// TestLabComparePlot runs `lab compare --plot` on two survey files (format 2
 // and format 1): the table has a column per file, the PNG decodes, and a
 // bad plot name is a usage error.
 func TestLabComparePlot(t *testing.T) {

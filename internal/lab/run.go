@@ -15,7 +15,7 @@ import (
 	"github.com/dnsrace/dnsrace/internal/nsutil"
 )
 
-// Latency percentiles of all lookups, in milliseconds; in a bench result
+// Latency percentiles of all lookups, in milliseconds; in a survey result
 // also their histogram.
 type Latency struct {
 	P50Ms     float64           `json:"p50_ms"`

@@ -109,7 +109,7 @@ func TestAggregateAndCompare(t *testing.T) {
 	b := a
 	b.RaceRate = a.RaceRate * 2
 	var out bytes.Buffer
-	Compare(&out, &BenchResult{Kernel: "6.1", Scenarios: []ScenarioResult{a}}, &BenchResult{Kernel: "6.18", Scenarios: []ScenarioResult{b}})
+	Compare(&out, &SurveyResult{Kernel: "6.1", Scenarios: []ScenarioResult{a}}, &SurveyResult{Kernel: "6.18", Scenarios: []ScenarioResult{b}})
 	if !strings.Contains(out.String(), "race_rate") || !strings.Contains(out.String(), "+100%") {
 		t.Fatalf("compare output:\n%s", out.String())
 	}
@@ -159,15 +159,15 @@ func TestLatencyHistogram(t *testing.T) {
 	}
 }
 
-// TestReadBenchVersions: format 1 files still read; unknown versions do not.
-func TestReadBenchVersions(t *testing.T) {
+// TestReadSurveyVersions: format 1 files still read; unknown versions do not.
+func TestReadSurveyVersions(t *testing.T) {
 	dir := t.TempDir()
 	for v, ok := range map[int]bool{0: false, 1: true, 2: true, 3: false} {
 		p := filepath.Join(dir, fmt.Sprintf("v%d.json", v))
 		if err := os.WriteFile(p, fmt.Appendf(nil, `{"version":%d,"kernel":"6.1","scenarios":[{"name":"snat-port","latency":{"p50_ms":1}}]}`, v), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		r, err := ReadBench(p)
+		r, err := ReadSurvey(p)
 		if (err == nil) != ok {
 			t.Errorf("version %d: %v", v, err)
 		}

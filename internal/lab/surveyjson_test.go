@@ -10,23 +10,23 @@ import (
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
-// BenchJSONMarker starts the line TestBenchJSON prints its result on.
-const BenchJSONMarker = "DNSRACE-BENCH-JSON "
+// SurveyJSONMarker starts the line TestSurveyJSON prints its result on.
+const SurveyJSONMarker = "DNSRACE-SURVEY-JSON "
 
-// TestBenchJSON is `dnsrace lab bench --json` for a machine that can run
+// TestSurveyJSON is `dnsrace lab survey --json` for a machine that can run
 // only test binaries: scripts/vmtest's guest, which saves its console
 // (docs/vmtest.md). It runs every scenario three times with the resolver
 // DNSRACE_TEST_RESOLVER names in place of glibc (the guest sets it: under
 // emulation glibc is too slow to race) and prints the result as one line
-// after BenchJSONMarker. Without DNSRACE_TEST_RESOLVER it skips. How the
-// README's kernel picture was made with it: docs/bench.md.
-func TestBenchJSON(t *testing.T) {
+// after SurveyJSONMarker. Without DNSRACE_TEST_RESOLVER it skips. How the
+// README's kernel picture was made with it: docs/survey.md.
+func TestSurveyJSON(t *testing.T) {
 	resolver := os.Getenv("DNSRACE_TEST_RESOLVER")
 	if resolver == "" {
 		t.Skip("a tool, not a check: runs when DNSRACE_TEST_RESOLVER is set (scripts/vmtest's guest sets it)")
 	}
 	testutil.RequireRoot(t)
-	res, err := Bench(context.Background(), BenchConfig{
+	res, err := Survey(context.Background(), SurveyConfig{
 		Prefix: "dnsrace-bj", Scenarios: Scenarios, Iterations: 3, Resolver: resolver, Progress: os.Stdout,
 	})
 	if err != nil {
@@ -36,5 +36,5 @@ func TestBenchJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Printf("\n%s%s\n", BenchJSONMarker, b)
+	fmt.Printf("\n%s%s\n", SurveyJSONMarker, b)
 }

@@ -1,4 +1,4 @@
-package benchplot
+package surveyplot
 
 import (
 	"bytes"
@@ -15,10 +15,10 @@ import (
 	"github.com/dnsrace/dnsrace/internal/lab"
 )
 
-// bench is a made-up bench result: every scenario with fast lookups and
+// bench is a made-up survey result: every scenario with fast lookups and
 // a share of them stalled at stallMs.
-func bench(kernel string, version int, stallMs float64, stalled int) *lab.BenchResult {
-	r := &lab.BenchResult{Version: version, Kernel: kernel, CPUs: 2}
+func survey(kernel string, version int, stallMs float64, stalled int) *lab.SurveyResult {
+	r := &lab.SurveyResult{Version: version, Kernel: kernel, CPUs: 2}
 	for _, n := range []string{"same-tuple", "snat-port", "rule-drop", "upstream-loss"} {
 		s := lab.ScenarioResult{Name: n, Resolver: "glibc", RaceRate: 0.1, LossRate: 0.05, StallRate: 0.2}
 		if version >= 2 {
@@ -31,9 +31,9 @@ func bench(kernel string, version int, stallMs float64, stalled int) *lab.BenchR
 
 func inputs() []Input {
 	return []Input{
-		{Name: "host.json", Result: bench("6.18.44", 2, 5012, 25)},
-		{Name: "vm-a.json", Result: bench("6.1.0-57-cloud-amd64", 2, 2512, 10)},
-		{Name: "vm-b.json", Result: bench("6.1.0-57-cloud-amd64", 1, 0, 0)},
+		{Name: "host.json", Result: survey("6.18.44", 2, 5012, 25)},
+		{Name: "vm-a.json", Result: survey("6.1.0-57-cloud-amd64", 2, 2512, 10)},
+		{Name: "vm-b.json", Result: survey("6.1.0-57-cloud-amd64", 1, 0, 0)},
 	}
 }
 
@@ -108,7 +108,7 @@ func TestSVG(t *testing.T) {
 			t.Errorf("no legend entry %q in %q", l, texts)
 		}
 	}
-	for _, want := range []string{"glibc", "glibc (no latencies: bench format 1)", "vm-b.json, 2 CPUs, 0001-01-01",
+	for _, want := range []string{"glibc", "glibc (no latencies: survey format 1)", "vm-b.json, 2 CPUs, 0001-01-01",
 		"snat-port: lookup latency CDF", "upstream-loss: lookup latency CDF", "lookups that stalled", "2.5s", "5s"} {
 		if !has(want) {
 			t.Errorf("no text %q in %q", want, texts)
@@ -161,8 +161,8 @@ func TestBadInput(t *testing.T) {
 // they read, and the legend names both kernels.
 func TestDocsInputs(t *testing.T) {
 	var in []Input
-	for _, f := range []string{"../../docs/bench/6.18-host.json", "../../docs/bench/6.1-vm.json"} {
-		r, err := lab.ReadBench(f)
+	for _, f := range []string{"../../docs/survey/6.18-host.json", "../../docs/survey/6.1-vm.json"} {
+		r, err := lab.ReadSurvey(f)
 		if err != nil {
 			t.Fatal(err)
 		}

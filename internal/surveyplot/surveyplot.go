@@ -1,4 +1,4 @@
-package benchplot
+package surveyplot
 
 import (
 	"fmt"
@@ -20,10 +20,10 @@ import (
 	"github.com/dnsrace/dnsrace/internal/lab"
 )
 
-// Input is one bench file to draw.
+// Input is one survey file to draw.
 type Input struct {
 	Name   string // the file name, for the legend when kernels repeat
-	Result *lab.BenchResult
+	Result *lab.SurveyResult
 }
 
 // Labels are the legend texts of inputs, in order: the kernel, and the file
@@ -148,7 +148,7 @@ func drawGrid(plots [][]*plot.Plot, t draw.Tiles, dc draw.Canvas) {
 func drawHead(dc draw.Canvas, inputs []Input, height vg.Length) {
 	sty := plot.New().Title.TextStyle
 	sty.Font.Size = 15
-	dc.FillText(sty, vg.Point{X: width / 2, Y: height - vg.Millimeter*2}, "dnsrace lab bench: lookup latency and race rates by kernel")
+	dc.FillText(sty, vg.Point{X: width / 2, Y: height - vg.Millimeter*2}, "dnsrace lab survey: lookup latency and race rates by kernel")
 	note := sty
 	note.Font.Size = 10
 	note.Color = color.Gray{Y: 90}
@@ -169,8 +169,8 @@ func drawHead(dc draw.Canvas, inputs []Input, height vg.Length) {
 	}
 }
 
-func results(inputs []Input) []*lab.BenchResult {
-	out := make([]*lab.BenchResult, len(inputs))
+func results(inputs []Input) []*lab.SurveyResult {
+	out := make([]*lab.SurveyResult, len(inputs))
 	for i, in := range inputs {
 		out[i] = in.Result
 	}
@@ -234,7 +234,7 @@ func cdfPanel(name string, inputs []Input) (*plot.Plot, error) {
 		}
 		h := s.Latency.Histogram
 		if h == nil || len(h.LeMs) == 0 {
-			p.Legend.Add(label + " (no latencies: bench format 1)")
+			p.Legend.Add(label + " (no latencies: survey format 1)")
 			continue
 		}
 		xy := cdf(h)

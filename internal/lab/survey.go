@@ -14,9 +14,9 @@ import (
 	"time"
 )
 
-// BenchResult is the output of `dnsrace lab bench --json`: per scenario,
+// SurveyResult is the output of `dnsrace lab survey --json`: per scenario,
 // the rates a kernel shows, comparable across kernels and machines.
-type BenchResult struct {
+type SurveyResult struct {
 	Version   int              `json:"version"`
 	Kernel    string           `json:"kernel"`
 	CPUs      int              `json:"cpus"`
@@ -45,10 +45,10 @@ type ScenarioResult struct {
 	Latency      Latency `json:"latency"`
 }
 
-// benchVersion changes when a field changes meaning or is added.
+// surveyVersion changes when a field changes meaning or is added.
 // 1: the rates and latency percentiles; 2: adds each scenario's resolver
-// and its latency histogram. ReadBench reads both.
-const benchVersion = 2
+// and its latency histogram. ReadSurvey reads both.
+const surveyVersion = 2
 
 // LatencyHistogram counts lookups by latency in log-spaced buckets, 100 per
 // decade (each 2.3% wide), only the non-empty ones: enough to draw a CDF in
@@ -152,8 +152,8 @@ func percentiles(sorted []time.Duration) Latency {
 	return Latency{P50Ms: pct(0.50), P99Ms: pct(0.99), MaxMs: pct(1)}
 }
 
-// BenchConfig drives Bench.
-type BenchConfig struct {
+// SurveyConfig drives Survey.
+type SurveyConfig struct {
 	Prefix     string
 	Scenarios  []Scenario
 	Iterations int
@@ -164,9 +164,9 @@ type BenchConfig struct {
 	Progress io.Writer // one line per run; nil for none
 }
 
-// Bench runs every scenario Iterations times, each in a fresh lab.
-func Bench(ctx context.Context, cfg BenchConfig) (*BenchResult, error) {
-	res := &BenchResult{Version: benchVersion, Kernel: kernelRelease(), CPUs: runtime.NumCPU(), Started: time.Now()}
+// Survey runs every scenario Iterations times, each in a fresh lab.
+func Survey(ctx context.Context, cfg SurveyConfig) (*SurveyResult, error) {
+	res := &SurveyResult{Version: surveyVersion, Kernel: kernelRelease(), CPUs: runtime.NumCPU(), Started: time.Now()}
 	for _, sc := range cfg.Scenarios {
 		var reps []*Report
 		for i := 0; i < cfg.Iterations; i++ {
@@ -189,26 +189,26 @@ func Bench(ctx context.Context, cfg BenchConfig) (*BenchResult, error) {
 	return res, nil
 }
 
-// ReadBench reads a `lab bench --json` file.
-func ReadBench(path string) (*BenchResult, error) {
+// ReadSurvey reads a `lab survey --json` file.
+func ReadSurvey(path string) (*SurveyResult, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	var r BenchResult
+	var r SurveyResult
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
-	if r.Version < 1 || r.Version > benchVersion {
-		return nil, fmt.Errorf("reading %s: bench format version %d, this dnsrace reads 1 to %d", path, r.Version, benchVersion)
+	if r.Version < 1 || r.Version > surveyVersion {
+		return nil, fmt.Errorf("reading %s: survey format version %d, this dnsrace reads 1 to %d", path, r.Version, surveyVersion)
 	}
 	return &r, nil
 }
 
-// Compare writes a side-by-side table of bench results, one row per
+// Compare writes a side-by-side table of survey results, one row per
 // scenario and metric, one column per result, and the change from the first
 // to the last.
-func Compare(w io.Writer, results ...*BenchResult) {
+func Compare(w io.Writer, results ...*SurveyResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "scenario\tmetric")
 	for _, r := range results {
@@ -250,7 +250,7 @@ func Compare(w io.Writer, results ...*BenchResult) {
 }
 
 // Scenario returns the result of the named scenario.
-func (r *BenchResult) Scenario(name string) (ScenarioResult, bool) {
+func (r *SurveyResult) Scenario(name string) (ScenarioResult, bool) {
 	for _, s := range r.Scenarios {
 		if s.Name == name {
 			return s, true
@@ -261,7 +261,7 @@ func (r *BenchResult) Scenario(name string) (ScenarioResult, bool) {
 
 // ScenarioNamesOf lists the scenarios of the results, in the order they
 // first appear.
-func ScenarioNamesOf(results ...*BenchResult) []string {
+func ScenarioNamesOf(results ...*SurveyResult) []string {
 	var names []string
 	for _, r := range results {
 		for _, s := range r.Scenarios {

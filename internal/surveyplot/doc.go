@@ -1,9 +1,9 @@
-// Package benchplot draws `dnsrace lab bench --json` results of several
+// Package surveyplot draws `dnsrace lab survey --json` results of several
 // kernels as one picture (`dnsrace lab compare ... --plot FILE`), with
 // gonum.org/v1/plot (pure Go):
 //
 //   - one panel per scenario with the CDF of lookup latency on a log time
-//     axis, from the bench's latency histogram (format 2), with the 2.5 s
+//     axis, from the survey's latency histogram (format 2), with the 2.5 s
 //     and 5 s resolver timeouts marked: a stall is a step there;
 //   - three bar panels, race, loss and stall rate per scenario.
 //
@@ -13,4 +13,4 @@
 // appears in the legend and the bars, with no CDF line.
 //
 // The output format follows the file name: .svg or .png.
-package benchplot
+package surveyplot
