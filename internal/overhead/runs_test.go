@@ -82,7 +82,9 @@ func TestRunsPerUnit(t *testing.T) {
 		}
 		t.Log(runsRecord(tier, c.Name, r))
 		for _, p := range r.Programs {
-			limit := runBound(tier, c, r, p.Name, netfilter)
+			// The machine's own traffic meanwhile (a guest's neighbour
+			// discovery, say) may add a few runs to any program.
+			limit := runBound(tier, c, r, p.Name, netfilter) + background/r.Units
 			if got := float64(p.Runs) / r.Units; got > limit {
 				t.Errorf("%s, %s tier: %s ran %.3f times per %s, the design allows %.3f", c.Name, tier, p.Name, got, r.Unit, limit)
 			}
@@ -103,8 +105,12 @@ func runsRecord(tier, name string, r *Runs) string {
 	return b.String()
 }
 
-// slack covers other traffic on the machine during the pass.
-const slack = 0.02
+// slack covers other traffic on the machine during the pass, per unit;
+// background in runs, whatever the units (a slow loop counts few).
+const (
+	slack      = 0.02
+	background = 20
+)
 
 // runBound is how often program prog may run per unit of case c: once per
 // hook point on the path, per packet that takes it.
