@@ -93,10 +93,17 @@ func (c *Correlator) retry(q *query) {
 		case old.state != statePending:
 			s.pend.remove(old)
 		case q.sentNs >= old.sentNs+gap:
+			// markLost may end the name's stall and forget its state
+			// (then old was the last in the list: next is nil).
 			s.pend.remove(old)
 			c.markLost(old, c.unansweredLoss(old))
 		}
 		old = next
+	}
+	// The name's state now: the one held above may have been forgotten
+	// and recycled, and a stall markLost opened is in a new one.
+	if s = c.ix.nameOfQuery(q); s == nil {
+		return
 	}
 	o := s.open
 	switch {
@@ -236,8 +243,10 @@ func (c *Correlator) markLost(q *query, p Packet) {
 	}
 	c.ix.setState(q, stateLost)
 	c.lost++
-	s := c.ix.nameStateOf(q.nk)
-	o := s.open
+	var o *open
+	if s, ok := c.ix.names.get(uint64(q.nk)); ok {
+		o = s.open
+	}
 	if o != nil {
 		gap := uint64(c.cfg.MinRetryGap)
 		switch r := o.retry; {
@@ -274,7 +283,10 @@ func (c *Correlator) markLost(q *query, p Packet) {
 		}
 		c.fillIncident(o.inc, q, p.Cause, p.Race)
 		o.inc.Lost = o.lost1[:0]
-		s.open = o
+		// Asked for only now: closeOpen above forgets the name's state
+		// when nothing else is going on, and a state held across it was
+		// recycled for another name with this stall in it.
+		c.ix.nameStateOf(q.nk).open = o
 		if len(c.opens) == 0 || o.attemptNs < c.openLow {
 			c.openLow = o.attemptNs
 		}
@@ -363,6 +375,9 @@ func (c *Correlator) finish(o *open, now uint64) {
 	c.closeOpen(o, now, false)
 }
 
+// closeOpen reports o's incident and forgets its name's state if nothing
+// else is going on there: a caller must not use a *nameState it holds
+// across it.
 func (c *Correlator) closeOpen(o *open, endNs uint64, retried bool) {
 	delete(c.opens, o)
 	if s, ok := c.ix.names.get(uint64(o.key)); ok && s.open == o {
