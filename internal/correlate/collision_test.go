@@ -17,7 +17,8 @@ import (
 // with the same DNS ids at the same time: the lab's musl emulation draws
 // ids from its lookup count (2n for A, 2n+1 for AAAA), so pods that start
 // together ask with the same ids, for the same name or their own. A retry
-// or a sibling goes on only with a stall of its own namespace and name.
+// or a sibling goes on only with a stall of its own namespace and name
+// (and socket, or process where the resolver reopens its socket).
 
 // asker is a resolver in a namespace: a pod's, or one of two processes in
 // one pod.
@@ -171,6 +172,36 @@ func TestPodsWithTheSameIDsStayApart(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Two processes of one pod ask the same name with the same ids on their
+// own sockets, a second apart, and lose a query each: the second
+// process's query resends nothing of the first's (another socket, another
+// process), so neither's lost query joins the other's stall.
+func TestOneNamespaceTwoProcessesSameIDs(t *testing.T) {
+	h := newHarness(t, nil)
+	addr := netip.MustParseAddr("10.244.0.10")
+	p1 := asker{podA, addr, 1000, "svc.lab.test"}
+	p2 := asker{podA, addr, 2000, "svc.lab.test"}
+	q1 := h.ask(0, p1, 40000, 10, dns.TypeA)
+	h.handle(drop(10_000, q1, reasonNetfilter, 1, event.CT{}))
+	h.tick(400 * ms)
+	q2 := h.ask(sec, p2, 50000, 10, dns.TypeA)
+	h.handle(drop(sec+10_000, q2, reasonNetfilter, 1, event.CT{}))
+	h.tick(sec + 400*ms)
+	h.answer(2500*ms+ms, h.ask(2500*ms, p1, 40000, 10, dns.TypeA))
+	h.tick(3 * sec)
+	h.answer(3500*ms+ms, h.ask(3500*ms, p2, 50000, 10, dns.TypeA))
+	h.tick(4 * sec)
+	h.c.Close(20 * sec)
+	if len(h.incidents) != 2 {
+		t.Fatalf("%d incidents, want 2 (one per process's lookup): %+v", len(h.incidents), h.incidents)
+	}
+	for i, p := range []asker{p1, p2} {
+		if inc := h.incidents[i]; inc.PID != p.pid || len(inc.Lost) != 1 {
+			t.Errorf("incident %d: pid %d, lost %v; want pid %d's one lost query", i, inc.PID, lostIDs(inc), p.pid)
+		}
 	}
 }
 

@@ -1,10 +1,6 @@
 package correlate
 
-import (
-	"slices"
-
-	"github.com/dnsrace/dnsrace/internal/event"
-)
+import "github.com/dnsrace/dnsrace/internal/event"
 
 // This file turns lost queries into stalls, one per lookup: a query is
 // lost when it is dropped, or when a retry for the same name leaves the
@@ -51,14 +47,24 @@ type retries struct {
 	// stall waits for it: the stall ends at the retry once they are all
 	// answered, and goes on if one is lost.
 	attempt []*query
-	// ids are the lookup's queries, type<<16 | DNS id: the lost ones
-	// (the stall's queries[:idsOf]) and their A/AAAA siblings (resends).
-	ids   []uint32
+	// ids are the lookup's queries as a resend asks again: the lost
+	// ones (the stall's queries[:idsOf]) and their A/AAAA siblings.
+	ids   []asked
 	idsOf int
 
 	attempt1 [2]*query
-	ids1     [4]uint32
+	ids1     [4]asked
 }
+
+// asked is one of a lookup's queries as a resend repeats it: its type and
+// DNS id, and the socket and process that sent it.
+type asked struct {
+	id   uint32 // type<<16 | DNS id
+	pid  uint32
+	sock sockKey
+}
+
+func askedOf(q *query) asked { return asked{id: lookupID(q), pid: q.pid, sock: q.sock} }
 
 // retries returns o's retry state, allocating it on first use.
 func (o *open) retries() *retries {
@@ -138,22 +144,37 @@ func (c *Correlator) retry(q *query) {
 }
 
 // resends: q asks again what one of the stall's lost queries asked, or the
-// A/AAAA sibling of one: the same type and DNS id. glibc and musl resend a
-// lookup's queries as they were (glibc's next attempt starts with A, even
-// when only AAAA was lost); Go's resolver draws new ids, so its next
-// attempt is taken for a new lookup, a stall of its own.
+// A/AAAA sibling of one: the same namespace and name, the same type and
+// DNS id, from the same socket, or from the same process on another (a
+// resolver that reopens its socket: glibc's third attempt). glibc and musl
+// resend a lookup's queries as they were (glibc's next attempt starts with
+// A, even when only AAAA was lost); Go's resolver draws new ids, so its
+// next attempt is taken for a new lookup, a stall of its own. DNS ids are
+// no lookup's own: pods that count their lookups (the lab's musl
+// emulation) ask with the same ids at the same time, and in one pod
+// another process may draw the ids a lookup has.
 func (c *Correlator) resends(o *open, q *query) bool {
+	// The stall's name state is keyed by a hash of both: check them.
+	if first := o.queries[0]; q.netns != first.netns || q.name != first.name {
+		return false
+	}
 	// The siblings are looked up once, at the stall's first retry, while
 	// the first attempt's queries are still in flight.
 	r := o.retries()
 	for ; r.idsOf < len(o.queries); r.idsOf++ {
 		l := o.queries[r.idsOf]
-		r.ids = append(r.ids, lookupID(l))
+		r.ids = append(r.ids, askedOf(l))
 		if s := c.siblingQuery(l); s != nil {
-			r.ids = append(r.ids, lookupID(s))
+			r.ids = append(r.ids, askedOf(s))
 		}
 	}
-	return slices.Contains(r.ids, lookupID(q))
+	id := lookupID(q)
+	for _, a := range r.ids {
+		if a.id == id && (a.sock == q.sock || a.pid == q.pid) {
+			return true
+		}
+	}
+	return false
 }
 
 func lookupID(q *query) uint32 { return uint32(q.qtype)<<16 | uint32(q.id) }
