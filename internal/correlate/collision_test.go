@@ -223,8 +223,9 @@ type simLookup struct {
 }
 
 // Pods running a resolver with ids from their lookup count, for the same
-// name or their own, each lookup on a new socket, losing queries at
-// random by drop or by silence, interleaved in time: exactly
+// name or their own, from the same or their own addresses (containers on
+// separate bridges may all be 10.0.0.2), each lookup on a new socket, losing
+// queries at random by drop or by silence, interleaved in time: exactly
 // one incident per lookup that lost a query, of that lookup's pod and
 // holding that lookup's lost queries.
 func TestPodsWithTheSameIDsOneIncidentPerStalledLookup(t *testing.T) {
@@ -234,16 +235,19 @@ func TestPodsWithTheSameIDsOneIncidentPerStalledLookup(t *testing.T) {
 	}
 	for _, rs := range resolvers {
 		for _, sameName := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s/same name %v", rs.name, sameName), func(t *testing.T) {
-				for seed := range uint64(8) {
-					simulatePods(t, rs, sameName, seed)
-				}
-			})
+			for _, sameAddr := range []bool{true, false} {
+				name := fmt.Sprintf("%s/same name %v/same address %v", rs.name, sameName, sameAddr)
+				t.Run(name, func(t *testing.T) {
+					for seed := range uint64(8) {
+						simulatePods(t, rs, sameName, sameAddr, seed)
+					}
+				})
+			}
 		}
 	}
 }
 
-func simulatePods(t *testing.T, rs resolverSim, sameName bool, seed uint64) {
+func simulatePods(t *testing.T, rs resolverSim, sameName, sameAddr bool, seed uint64) {
 	const (
 		nPods   = 4
 		horizon = 60 * sec
@@ -255,6 +259,9 @@ func simulatePods(t *testing.T, rs resolverSim, sameName bool, seed uint64) {
 			pid: uint32(3000 + i), name: fmt.Sprintf("svc-%02d.lab.test", i)}
 		if sameName {
 			pods[i].name = "svc.lab.test"
+		}
+		if sameAddr {
+			pods[i].addr = netip.MustParseAddr("10.0.0.2")
 		}
 	}
 	type step struct {

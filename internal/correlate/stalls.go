@@ -467,14 +467,28 @@ func describeSibling(q, other *query) *Sibling {
 	}
 }
 
+// siblingWalk bounds siblingQuery's walk of a socket's queries: a flood
+// from other namespaces on the same addresses costs no more.
+const siblingWalk = 4 * sockRecentLen
+
 // siblingQuery finds the other query of q's A/AAAA pair: sent on the same
-// socket within MinRetryGap, another type, the same name; the first such
-// in order of sighting among the socket's recent queries.
+// socket in the same namespace within MinRetryGap, another type, the same
+// name; the first such in order of sighting among the socket's recent
+// queries in q's namespace. Namespaces may have the same addresses
+// (containers on separate bridges): the socket's queries in others are
+// passed, up to siblingWalk queries in all, and not counted as recent.
 func (c *Correlator) siblingQuery(q *query) *query {
-	r, n := c.ix.recentOnSocket(c.ix.socketHead(q.sock))
+	var r [sockRecentLen]*query
+	n := 0
+	for other, walked := c.ix.socketHead(q.sock), 0; other != nil && n < sockRecentLen && walked < siblingWalk; other, walked = c.ix.olderOnSocket(other), walked+1 {
+		if other.netns == q.netns {
+			r[n] = other
+			n++
+		}
+	}
 	for i := n - 1; i >= 0; i-- {
 		other := r[i]
-		if other == q || other.dead || other.netns != q.netns || other.src != q.src || other.dst != q.dst || other.qtype == q.qtype || other.name != q.name {
+		if other == q || other.dead || other.src != q.src || other.dst != q.dst || other.qtype == q.qtype || other.name != q.name {
 			continue
 		}
 		gap := int64(other.sentNs) - int64(q.sentNs)
