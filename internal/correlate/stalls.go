@@ -191,6 +191,32 @@ func (o *open) attemptOver() bool {
 	return true
 }
 
+// resentAll: the retry's attempt has resent every query of the lookup
+// (each lost one and its A/AAAA sibling), and had each answered. A
+// resolver sends a query at most once an attempt, so nothing more of the
+// attempt can come: the stall ends without waiting out MinRetryGap for
+// the rest of it. glibc resends both queries of a lookup; musl only the
+// unanswered ones, whose attempt is over MinRetryGap after its retry.
+func (o *open) resentAll() bool {
+	r := o.r
+	if r == nil || len(r.ids) == 0 || r.idsOf < len(o.queries) {
+		return false // a query found lost late whose sibling is not known yet
+	}
+	for _, a := range r.ids {
+		answered := false
+		for _, q := range r.attempt {
+			if lookupID(q) == a.id && q.state == stateAnswered {
+				answered = true
+				break
+			}
+		}
+		if !answered {
+			return false
+		}
+	}
+	return true
+}
+
 // nextAttempt makes the stall go on: the lookup's attempt that began at
 // at lost a query too. The stall waits for the lookup's next retry.
 func (c *Correlator) nextAttempt(o *open, at uint64) {
@@ -219,7 +245,10 @@ func (c *Correlator) lastAttempt(o *open) uint64 {
 }
 
 // endAttempts ends the stalls whose retry's attempt is over by now,
-// without a loss, at their retry.
+// without a loss, at their retry: MinRetryGap after the retry, or once
+// the attempt has resent and had answered every query of the lookup (an
+// incident MinRetryGap late came after the pod was gone when its lookup
+// was the pod's last: the tracer names the pod as it writes).
 func (c *Correlator) endAttempts(now uint64) {
 	gap := uint64(c.cfg.MinRetryGap)
 	n := 0
@@ -228,7 +257,7 @@ func (c *Correlator) endAttempts(now uint64) {
 		case o.retry == nil || !c.opens[o]:
 			o.waiting = false
 			continue
-		case now >= o.retry.sentNs+gap && o.attemptOver():
+		case (now >= o.retry.sentNs+gap || o.resentAll()) && o.attemptOver():
 			o.waiting = false
 			c.closeOpen(o, o.retry.sentNs, true)
 			continue
