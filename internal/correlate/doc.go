@@ -12,21 +12,26 @@
 //
 // A query is lost when it is dropped, or when a retry for the same name
 // leaves the same namespace while it is still unanswered. A stall is one
-// lookup's: A and AAAA of one attempt share it, and so do the lookup's
-// next attempts when they lose a query too. A retry that resends one of
-// the stall's lost queries or its A/AAAA sibling (the same type and DNS
-// id: glibc and musl resend a lookup's queries as they were, and glibc's
-// next attempt starts with A even when only AAAA was lost) begins the
-// lookup's next attempt: the stall ends at that retry once every query of
+// lookup's: A and AAAA of one attempt share it, and so do the lookup's next
+// attempts when they lose a query too. A retry that resends one of the
+// stall's lost queries or its A/AAAA sibling begins the lookup's next
+// attempt: the same namespace and name, the same type and DNS id, from the
+// same socket, or from the same process on a new one (glibc and musl resend
+// a lookup's queries as they were, glibc's next attempt starts with A even
+// when only AAAA was lost, and its last may reopen its socket). A DNS id
+// alone names no lookup: pods that count their lookups ask with the same
+// ids at the same time. The stall ends at that retry once every query of
 // the attempt (the resends within MinRetryGap of the retry) is answered,
-// and goes on if one is lost. Any other later query for the name
-// (another lookup, or a resolver that draws new ids each attempt, as Go's
-// does) ends the stall at once. The stall is the time from the first lost
-// query to the retry that ended it (about 5 s a timeout for glibc, 2.5 s
-// for musl); with no retry it ends QueryTTL after its latest attempt
-// began, not retried. Stalls are reported as they end; OldestOpen bounds
-// when the stalls not reported yet began, so a writer can put them in the
-// order they began.
+// and goes on if one is lost; an attempt that resent every query of the
+// lookup (glibc resends both) is known whole at once, one that resent some
+// (musl resends the unanswered) MinRetryGap after its retry. Any other
+// later query for the name in the namespace (another lookup, or a resolver
+// that draws new ids each attempt, as Go's does) ends the stall at once.
+// The stall is the time from the first lost query to the retry that ended
+// it (about 5 s a timeout for glibc, 2.5 s for musl); with no retry it ends
+// QueryTTL after its latest attempt began, not retried. Stalls are reported
+// as they end; OldestOpen bounds when the stalls not reported yet began, so
+// a writer can put them in the order they began.
 //
 // What a lost query died of, and what a race the kernel rescued was
 // (rules.go, rules: the first row that matches the evidence wins). A

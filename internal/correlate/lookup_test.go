@@ -219,3 +219,61 @@ func TestRetryWithNewIDEndsTheStall(t *testing.T) {
 		t.Errorf("retry %+v stall %.3f ms", inc.Retry, stallMs(inc))
 	}
 }
+
+// A retry's attempt that resent every query of the lookup, all answered,
+// is over at once: a resolver sends a query once an attempt. One that
+// resent only some (musl resends the unanswered ones; glibc's single-
+// request mode sends AAAA only after A's answer) is over MinRetryGap
+// after its retry, or goes on when the rest is lost.
+func TestAttemptOverOnceEveryQueryIsResent(t *testing.T) {
+	const at = 5 * sec
+	gap := uint64(400 * ms)
+	t.Run("both resent and answered", func(t *testing.T) {
+		h := newHarness(t, nil)
+		h.answer(ms, h.query(0, podA, srcA, 1, dns.TypeA))
+		h.handle(drop(2*ms, h.query(ms, podA, srcA, 2, dns.TypeAAAA), reasonNetfilter, 1, event.CT{}))
+		h.c.Tick(400 * ms)
+		h.answer(at+ms, h.query(at, podA, srcA, 1, dns.TypeA))
+		h.answer(at+2*ms, h.query(at+10, podA, srcA, 2, dns.TypeAAAA))
+		h.c.Tick(at + 50*ms)
+		inc := h.only(CauseRuleDrop)
+		if ms := stallMs(inc); ms < 4998 || ms > 5000 || inc.Retry == nil || inc.Retry.QType != QType(dns.TypeA) {
+			t.Errorf("stall %.3f ms, retry %+v; want 4999 ms, to the resent A", ms, inc.Retry)
+		}
+	})
+	t.Run("one resent, the other answered before", func(t *testing.T) {
+		h := newHarness(t, nil)
+		h.handle(drop(10, h.query(0, podA, srcA, 1, dns.TypeA), reasonNetfilter, 1, event.CT{}))
+		h.answer(2*ms, h.query(ms, podA, srcA, 2, dns.TypeAAAA))
+		h.c.Tick(400 * ms)
+		h.answer(at+ms, h.query(at, podA, srcA, 1, dns.TypeA))
+		h.c.Tick(at + 50*ms)
+		if len(h.incidents) != 0 {
+			t.Fatalf("the attempt ended before MinRetryGap though its AAAA may still come: %+v", h.incidents)
+		}
+		h.c.Tick(at + gap)
+		if inc := h.only(CauseRuleDrop); stallMs(inc) != 5000 {
+			t.Errorf("stall %.3f ms, want 5000", stallMs(inc))
+		}
+	})
+	t.Run("single request: AAAA after A's answer, lost again", func(t *testing.T) {
+		h := newHarness(t, nil)
+		h.answer(ms, h.query(0, podA, srcA, 1, dns.TypeA))
+		h.handle(drop(2*ms, h.query(ms, podA, srcA, 2, dns.TypeAAAA), reasonNetfilter, 1, event.CT{}))
+		h.c.Tick(400 * ms)
+		h.answer(at+ms, h.query(at, podA, srcA, 1, dns.TypeA))
+		h.c.Tick(at + 2*ms)
+		aaaa := h.query(at+3*ms, podA, srcA, 2, dns.TypeAAAA)
+		h.c.Tick(at + 4*ms)
+		h.handle(drop(at+4*ms, aaaa, reasonNetfilter, 1, event.CT{}))
+		h.c.Tick(at + gap)
+		if len(h.incidents) != 0 {
+			t.Fatalf("the lookup's incident before its attempt that lost nothing: %+v", h.incidents)
+		}
+		h.retried(2*at, podA, srcA, 1, dns.TypeA)
+		inc := h.only(CauseRuleDrop)
+		if got := lostIDs(inc); len(got) != 2 || stallMs(inc) != 2*5000-1 {
+			t.Errorf("lost %v, stall %.3f ms; want AAAA/2 twice, 9999 ms", got, stallMs(inc))
+		}
+	})
+}

@@ -1,10 +1,6 @@
 package correlate
 
-import (
-	"slices"
-
-	"github.com/dnsrace/dnsrace/internal/event"
-)
+import "github.com/dnsrace/dnsrace/internal/event"
 
 // This file turns lost queries into stalls, one per lookup: a query is
 // lost when it is dropped, or when a retry for the same name leaves the
@@ -51,14 +47,24 @@ type retries struct {
 	// stall waits for it: the stall ends at the retry once they are all
 	// answered, and goes on if one is lost.
 	attempt []*query
-	// ids are the lookup's queries, type<<16 | DNS id: the lost ones
-	// (the stall's queries[:idsOf]) and their A/AAAA siblings (resends).
-	ids   []uint32
+	// ids are the lookup's queries as a resend asks again: the lost
+	// ones (the stall's queries[:idsOf]) and their A/AAAA siblings.
+	ids   []asked
 	idsOf int
 
 	attempt1 [2]*query
-	ids1     [4]uint32
+	ids1     [4]asked
 }
+
+// asked is one of a lookup's queries as a resend repeats it: its type and
+// DNS id, and the socket and process that sent it.
+type asked struct {
+	id   uint32 // type<<16 | DNS id
+	pid  uint32
+	sock sockKey
+}
+
+func askedOf(q *query) asked { return asked{id: lookupID(q), pid: q.pid, sock: q.sock} }
 
 // retries returns o's retry state, allocating it on first use.
 func (o *open) retries() *retries {
@@ -93,10 +99,17 @@ func (c *Correlator) retry(q *query) {
 		case old.state != statePending:
 			s.pend.remove(old)
 		case q.sentNs >= old.sentNs+gap:
+			// markLost may end the name's stall and forget its state
+			// (then old was the last in the list: next is nil).
 			s.pend.remove(old)
 			c.markLost(old, c.unansweredLoss(old))
 		}
 		old = next
+	}
+	// The name's state now: the one held above may have been forgotten
+	// and recycled, and a stall markLost opened is in a new one.
+	if s = c.ix.nameOfQuery(q); s == nil {
+		return
 	}
 	o := s.open
 	switch {
@@ -131,22 +144,37 @@ func (c *Correlator) retry(q *query) {
 }
 
 // resends: q asks again what one of the stall's lost queries asked, or the
-// A/AAAA sibling of one: the same type and DNS id. glibc and musl resend a
-// lookup's queries as they were (glibc's next attempt starts with A, even
-// when only AAAA was lost); Go's resolver draws new ids, so its next
-// attempt is taken for a new lookup, a stall of its own.
+// A/AAAA sibling of one: the same namespace and name, the same type and
+// DNS id, from the same socket, or from the same process on another (a
+// resolver that reopens its socket: glibc's third attempt). glibc and musl
+// resend a lookup's queries as they were (glibc's next attempt starts with
+// A, even when only AAAA was lost); Go's resolver draws new ids, so its
+// next attempt is taken for a new lookup, a stall of its own. DNS ids are
+// no lookup's own: pods that count their lookups (the lab's musl
+// emulation) ask with the same ids at the same time, and in one pod
+// another process may draw the ids a lookup has.
 func (c *Correlator) resends(o *open, q *query) bool {
+	// The stall's name state is keyed by a hash of both: check them.
+	if first := o.queries[0]; q.netns != first.netns || q.name != first.name {
+		return false
+	}
 	// The siblings are looked up once, at the stall's first retry, while
 	// the first attempt's queries are still in flight.
 	r := o.retries()
 	for ; r.idsOf < len(o.queries); r.idsOf++ {
 		l := o.queries[r.idsOf]
-		r.ids = append(r.ids, lookupID(l))
+		r.ids = append(r.ids, askedOf(l))
 		if s := c.siblingQuery(l); s != nil {
-			r.ids = append(r.ids, lookupID(s))
+			r.ids = append(r.ids, askedOf(s))
 		}
 	}
-	return slices.Contains(r.ids, lookupID(q))
+	id := lookupID(q)
+	for _, a := range r.ids {
+		if a.id == id && (a.sock == q.sock || a.pid == q.pid) {
+			return true
+		}
+	}
+	return false
 }
 
 func lookupID(q *query) uint32 { return uint32(q.qtype)<<16 | uint32(q.id) }
@@ -157,6 +185,32 @@ func lookupID(q *query) uint32 { return uint32(q.qtype)<<16 | uint32(q.id) }
 func (o *open) attemptOver() bool {
 	for _, q := range o.attempt() {
 		if !q.dead && q.state == statePending {
+			return false
+		}
+	}
+	return true
+}
+
+// resentAll: the retry's attempt has resent every query of the lookup
+// (each lost one and its A/AAAA sibling), and had each answered. A
+// resolver sends a query at most once an attempt, so nothing more of the
+// attempt can come: the stall ends without waiting out MinRetryGap for
+// the rest of it. glibc resends both queries of a lookup; musl only the
+// unanswered ones, whose attempt is over MinRetryGap after its retry.
+func (o *open) resentAll() bool {
+	r := o.r
+	if r == nil || len(r.ids) == 0 || r.idsOf < len(o.queries) {
+		return false // a query found lost late whose sibling is not known yet
+	}
+	for _, a := range r.ids {
+		answered := false
+		for _, q := range r.attempt {
+			if lookupID(q) == a.id && q.state == stateAnswered {
+				answered = true
+				break
+			}
+		}
+		if !answered {
 			return false
 		}
 	}
@@ -191,7 +245,10 @@ func (c *Correlator) lastAttempt(o *open) uint64 {
 }
 
 // endAttempts ends the stalls whose retry's attempt is over by now,
-// without a loss, at their retry.
+// without a loss, at their retry: MinRetryGap after the retry, or once
+// the attempt has resent and had answered every query of the lookup (an
+// incident MinRetryGap late came after the pod was gone when its lookup
+// was the pod's last: the tracer names the pod as it writes).
 func (c *Correlator) endAttempts(now uint64) {
 	gap := uint64(c.cfg.MinRetryGap)
 	n := 0
@@ -200,7 +257,7 @@ func (c *Correlator) endAttempts(now uint64) {
 		case o.retry == nil || !c.opens[o]:
 			o.waiting = false
 			continue
-		case now >= o.retry.sentNs+gap && o.attemptOver():
+		case (now >= o.retry.sentNs+gap || o.resentAll()) && o.attemptOver():
 			o.waiting = false
 			c.closeOpen(o, o.retry.sentNs, true)
 			continue
@@ -236,8 +293,10 @@ func (c *Correlator) markLost(q *query, p Packet) {
 	}
 	c.ix.setState(q, stateLost)
 	c.lost++
-	s := c.ix.nameStateOf(q.nk)
-	o := s.open
+	var o *open
+	if s, ok := c.ix.names.get(uint64(q.nk)); ok {
+		o = s.open
+	}
 	if o != nil {
 		gap := uint64(c.cfg.MinRetryGap)
 		switch r := o.retry; {
@@ -274,7 +333,10 @@ func (c *Correlator) markLost(q *query, p Packet) {
 		}
 		c.fillIncident(o.inc, q, p.Cause, p.Race)
 		o.inc.Lost = o.lost1[:0]
-		s.open = o
+		// Asked for only now: closeOpen above forgets the name's state
+		// when nothing else is going on, and a state held across it was
+		// recycled for another name with this stall in it.
+		c.ix.nameStateOf(q.nk).open = o
 		if len(c.opens) == 0 || o.attemptNs < c.openLow {
 			c.openLow = o.attemptNs
 		}
@@ -363,6 +425,9 @@ func (c *Correlator) finish(o *open, now uint64) {
 	c.closeOpen(o, now, false)
 }
 
+// closeOpen reports o's incident and forgets its name's state if nothing
+// else is going on there: a caller must not use a *nameState it holds
+// across it.
 func (c *Correlator) closeOpen(o *open, endNs uint64, retried bool) {
 	delete(c.opens, o)
 	if s, ok := c.ix.names.get(uint64(o.key)); ok && s.open == o {
@@ -431,14 +496,28 @@ func describeSibling(q, other *query) *Sibling {
 	}
 }
 
+// siblingWalk bounds siblingQuery's walk of a socket's queries: a flood
+// from other namespaces on the same addresses costs no more.
+const siblingWalk = 4 * sockRecentLen
+
 // siblingQuery finds the other query of q's A/AAAA pair: sent on the same
-// socket within MinRetryGap, another type, the same name; the first such
-// in order of sighting among the socket's recent queries.
+// socket in the same namespace within MinRetryGap, another type, the same
+// name; the first such in order of sighting among the socket's recent
+// queries in q's namespace. Namespaces may have the same addresses
+// (containers on separate bridges): the socket's queries in others are
+// passed, up to siblingWalk queries in all, and not counted as recent.
 func (c *Correlator) siblingQuery(q *query) *query {
-	r, n := c.ix.recentOnSocket(c.ix.socketHead(q.sock))
+	var r [sockRecentLen]*query
+	n := 0
+	for other, walked := c.ix.socketHead(q.sock), 0; other != nil && n < sockRecentLen && walked < siblingWalk; other, walked = c.ix.olderOnSocket(other), walked+1 {
+		if other.netns == q.netns {
+			r[n] = other
+			n++
+		}
+	}
 	for i := n - 1; i >= 0; i-- {
 		other := r[i]
-		if other == q || other.dead || other.netns != q.netns || other.src != q.src || other.dst != q.dst || other.qtype == q.qtype || other.name != q.name {
+		if other == q || other.dead || other.src != q.src || other.dst != q.dst || other.qtype == q.qtype || other.name != q.name {
 			continue
 		}
 		gap := int64(other.sentNs) - int64(q.sentNs)
