@@ -1175,15 +1175,15 @@ struct {
 	__type(value, struct preconfirm);
 } preconfirm SEC(".maps");
 
-/* check_merge compares the entry a query's packet (skb, at its next device)
- * or its answer (skb 0: a query a local server took at LOCAL_IN shows only
- * by its answer) carries with the one the netfilter program saw on the
- * query just before confirm: another one means confirm merged the query, a
- * clash loser, into the winner it carries now (__nf_ct_resolve_clash: the
- * loser's entry is freed, the skb takes the winner's). The flow's pre_ct
- * (the last of its packets the program saw) serves the answer; after a
- * verdict it is forgotten. Not inlined: device() has no stack left for
- * it. */
+/* check_merge compares the entry a query's packet (skb, at its next device;
+ * f is NULL when the flow starts there) or its answer (skb 0: a query a
+ * local server took at LOCAL_IN shows only by its answer) carries with the
+ * one the netfilter program saw on the query just before confirm: another
+ * one means confirm merged the query, a clash loser, into the winner it
+ * carries now (__nf_ct_resolve_clash: the loser's entry is freed, the skb
+ * takes the winner's). The flow's pre_ct (the last of its packets the
+ * program saw) serves the answer; after a verdict it is forgotten. Not
+ * inlined: device() has no stack left for it. */
 static __noinline void check_merge(struct seen *s, struct flow *f, __u64 qid, const struct flow_key *fk, __u64 skb)
 {
 	__u64 pre;
@@ -1196,9 +1196,10 @@ static __noinline void check_merge(struct seen *s, struct flow *f, __u64 qid, co
 		pre = within_ms(p->ts, bpf_jiffies64(), PRECONFIRM_MS) ? p->ct : 0;
 		bpf_map_delete_elem(&preconfirm, &skb);
 	} else {
-		pre = f->pre_ct;
+		pre = f ? f->pre_ct : 0;
 	}
-	f->pre_ct = 0;
+	if (f)
+		f->pre_ct = 0;
 	if (!pre || pre == (__u64)s->ct)
 		return;
 	struct event_buf *b = event_buf();
@@ -1295,8 +1296,7 @@ static __always_inline int device(struct sk_buff *skb, bool egress)
 	__u32 asker = 0;
 	__u64 qid = track_query(s, &k, egress, TIER_TRACEPOINT, 0, 0, &asker, &f);
 	if (qid && s->ct && track_cts) {
-		if (f)
-			check_merge(s, f, qid, &k, (__u64)skb);
+		check_merge(s, f, qid, &k, (__u64)skb);
 		note_ct(s, qid, asker, TIER_TRACEPOINT);
 	}
 	return 0;
@@ -1328,10 +1328,12 @@ struct bpf_nf_ctx___dnsrace {
 
 /* nf_confirm_soon runs at POSTROUTING and LOCAL_IN just before conntrack's
  * confirm (the loader links it at INT_MAX - 1, only in the namespaces that
- * NAT): a DNS query's unconfirmed entry is kept in its flow, and the next
- * sight of the query or its answer at a device says whether confirm
- * inserted it or merged it into a winner (check_merge). A query first seen
- * here (forwarded from outside) starts its flow here. It always accepts. */
+ * NAT): a DNS query's unconfirmed entry is kept by its skb and in its flow,
+ * and the next sight of the query or its answer at a device says whether
+ * confirm inserted it or merged it into a winner (check_merge). It starts
+ * no flow: a query forwarded from outside starts its flow at the next
+ * device, which finds its entry by the skb (and a netfilter program may not
+ * read the task's comm before 6.10). It always accepts. */
 SEC("netfilter")
 int nf_confirm_soon(struct bpf_nf_ctx___dnsrace *ctx)
 {
@@ -1349,7 +1351,7 @@ int nf_confirm_soon(struct bpf_nf_ctx___dnsrace *ctx)
 	struct flow *f;
 	__u32 asker;
 	query_key(&k, &s);
-	track_query(&s, &k, true, TIER_TRACEPOINT, RF_NO_SOCKET, (__u64)ct, &asker, &f);
+	track_query(&s, &k, false, TIER_TRACEPOINT, 0, (__u64)ct, &asker, &f);
 	struct preconfirm p = {.ct = (__u64)ct, .ts = bpf_jiffies64()};
 	__u64 skbp = (__u64)skb;
 	bpf_map_update_elem(&preconfirm, &skbp, &p, BPF_ANY);

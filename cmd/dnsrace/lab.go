@@ -13,8 +13,8 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/dnsrace/dnsrace/internal/surveyplot"
 	"github.com/dnsrace/dnsrace/internal/lab"
+	"github.com/dnsrace/dnsrace/internal/surveyplot"
 )
 
 func init() {

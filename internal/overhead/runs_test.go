@@ -139,17 +139,14 @@ func runBound(tier string, c CaseResult, r *Runs, prog string, netfilter bool) f
 	if c.Path == "syscall" {
 		return slack // nothing else runs where no packet goes
 	}
-	// per unit: the packets of one unit (a DNS unit is a query and its
-	// answer; an unanswered query goes only one way)
-	oneWay := 1.0
-	if c.DNS {
-		oneWay = 1 + drops
-	}
+	// per unit: a packet is one way; a DNS unit is an answered query, and
+	// the responder answers every query it takes, answered in the end or
+	// not, so each query sent may cross the query's hops and the answer's
 	hops := func(query, answer float64) float64 {
 		if !c.DNS {
 			return query + slack
 		}
-		return query*oneWay + answer + slack
+		return (query+answer)*r.Sent/r.Units + slack
 	}
 	fwd := c.Path == "forward"
 	switch {
