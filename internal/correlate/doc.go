@@ -63,7 +63,7 @@
 //	  seen dropped
 //	a race the kernel rescued: the loser merged into the       clash_resolved   clash_resolve
 //	  winner's entry, inserted reply-only (IPS_NAT_CLASH), or
-//	  (tracepoint tier) its unconfirmed entry freed
+//	  (tracepoint tier before 6.4) its unconfirmed entry freed
 //
 // "Dropped by netfilter" is the drop reason NETFILTER_DROP, or before drop
 // reasons (5.17; 5.15.58 backport) a packet freed by nf_hook_slow. "Without
@@ -87,9 +87,12 @@
 // holder of the original tuple (pickWinner): the kernel drops a loser whose
 // original tuple clashed only when its reply tuple is taken too. A rescued
 // race is one clash_resolved incident per loser (kernel >= 5.6), counted
-// against the kernel's clash_resolve. In the tracepoint tier a merged loser
-// shows only as its freed unconfirmed entry, named by its original tuple:
-// the loser is the last query its socket sent.
+// against the kernel's clash_resolve. The fentry/kprobe tiers see a merge
+// at confirm, the tracepoint tier on 6.4+ by the netfilter program just
+// before confirm and the packet's next sight (both a Merged record naming
+// the loser's query); before 6.4 the tracepoint tier sees a merged loser
+// only as its freed unconfirmed entry, named by its original tuple: the
+// loser is the last query its socket sent.
 //
 // The correlator is single-threaded: Handle, Tick and Close are called from
 // one goroutine. Following an answered query allocates nothing: query

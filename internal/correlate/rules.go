@@ -193,7 +193,7 @@ var rules = []rule{
 	},
 	{
 		why: "a race the kernel rescued: the loser merged into the winner's entry, inserted reply-only " +
-			"(IPS_NAT_CLASH), or (tracepoint tier) its unconfirmed entry freed",
+			"(IPS_NAT_CLASH), or (tracepoint tier before 6.4) its unconfirmed entry freed",
 		seen:  seenRescue,
 		cause: CauseClashResolved, raced: true, clashResolve: true,
 	},
