@@ -80,18 +80,7 @@ func TestWriteAndRead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := closeAndRead(t, w, path)
 	if r.SectionInfo().Comment != pcapout.Description {
 		t.Errorf("section comment %q", r.SectionInfo().Comment)
 	}
@@ -273,19 +262,7 @@ func TestNameAsSent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := closeAndRead(t, w, path)
 	const perIncident = 4 // lost, sibling, its answer, retry
 	n := 0
 	for ; ; n++ {
@@ -367,4 +344,22 @@ func TestShownName(t *testing.T) {
 			}
 		}
 	}
+}
+
+// closeAndRead closes w and opens what it wrote at path for reading back.
+func closeAndRead(t *testing.T, w *pcapout.Writer, path string) *pcapgo.NgReader {
+	t.Helper()
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
