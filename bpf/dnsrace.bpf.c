@@ -1332,8 +1332,9 @@ struct bpf_nf_ctx___dnsrace {
  * and the next sight of the query or its answer at a device says whether
  * confirm inserted it or merged it into a winner (check_merge). It starts
  * no flow: a query forwarded from outside starts its flow at the next
- * device, which finds its entry by the skb (and a netfilter program may not
- * read the task's comm before 6.10). It always accepts. */
+ * device, which finds its entry by the skb (and 6.12 does not let a
+ * netfilter program read the task's comm, as a QUERY record does). It
+ * always accepts. */
 SEC("netfilter")
 int nf_confirm_soon(struct bpf_nf_ctx___dnsrace *ctx)
 {
