@@ -80,6 +80,7 @@ func runBench(ctx context.Context, args []string) error {
 		cases      = fs.StringSlice("case", nil, "cost cases to run (default all: udp-forward, udp-loopback, dns-forward, dns-loopback, syscall-fork, syscall-open, syscall-mmap)")
 		skipCost   = fs.Bool("skip-cost", false, "leave out the per-packet cost cases")
 		skipCap    = fs.Bool("skip-capacity", false, "leave out the capacity search")
+		skipCount  = fs.Bool("skip-count", false, "leave out the count pass (BPF program runs per unit of the cost cases)")
 		ring       = fs.Uint32("ring-buffer-size", 0, "the tracer's ring buffer size in bytes (default: the tracer's)")
 		attach     = fs.String("attach", "tracepoint", "the tracer's attach tier: auto, fentry, kprobe or tracepoint")
 		tracerArgs = fs.StringArray("tracer-arg", nil, "one more argument for the tracer (repeatable; e.g. --tracer-arg=--cpuprofile=/tmp/p)")
@@ -149,7 +150,7 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	cfg := overhead.Config{
 		Exe: exe, Duration: *duration, Rounds: *rounds, Sockets: *sockets, Rates: *rates,
-		Cases: *cases, SkipCost: *skipCost, SkipCapacity: *skipCap, RingBufferSize: *ring, Attach: *attach, TracerArgs: *tracerArgs, CountDuration: *countDur, CountOnly: *countOnly, Floor: *floor, Log: os.Stderr,
+		Cases: *cases, SkipCost: *skipCost, SkipCapacity: *skipCap, RingBufferSize: *ring, Attach: *attach, TracerArgs: *tracerArgs, CountDuration: *countDur, CountOnly: *countOnly, SkipCount: *skipCount, Floor: *floor, Log: os.Stderr,
 	}
 	if *smoke {
 		cfg.Duration, cfg.Rounds, cfg.Rates = 2*time.Second, 1, []int{2000}
