@@ -5,21 +5,26 @@
 //
 //   - Open decides the mode first. The function hooks (nf_conntrack_confirm,
 //     nf_ct_resolve_clash, skb_consume_udp, udp_sendmsg, udpv6_sendmsg) are
-//     attached with fentry/fexit, else kprobe/kretprobe, whichever loads and
-//     attaches first (probed with features.HaveProgramType, a BTF lookup of
-//     the function in vmlinux or module BTF, a real load and a real attach).
-//     When the confirm and delivery hooks attach, the tracer runs in
-//     ModeFunction: queries are first seen at their send, verdicts and
-//     winners come from confirm and clash, answers from skb_consume_udp, and
-//     of the tracepoints only kfree_skb and udp_fail_queue_rcv_skb are
-//     attached. Otherwise every function hook is released and the tracer
-//     runs in ModeTracepoint: net_dev_queue, netif_receive_skb,
-//     skb_copy_datagram_iovec, kfree_skb, kmem_cache_free and
-//     udp_fail_queue_rcv_skb (tp_btf, kmem_cache_free a raw tracepoint),
-//     the program variant picked from each tracepoint's BTF prototype
-//     (kfree_skb gained reason in 5.17 and rx_sk in 6.11; kmem_cache_free
-//     its cache in 6.1, before which nf_conntrack's text range from
-//     /proc/modules tells its frees).
+//     attached with fentry/fexit, else kprobe/kretprobe, else kprobe.multi
+//     where legacy kprobes are not built in (CONFIG_KPROBES off, fprobe on),
+//     whichever loads and attaches first (probed with
+//     features.HaveProgramType, a BTF lookup of the function in vmlinux or
+//     module BTF, a real load and a real attach). When the confirm and
+//     delivery hooks attach, the tracer runs in ModeFunction: queries are
+//     first seen at their send, verdicts and winners come from confirm and
+//     clash, answers from skb_consume_udp, and of the tracepoints only
+//     kfree_skb and udp_fail_queue_rcv_skb are attached. Otherwise every
+//     function hook is released and the tracer runs in ModeTracepoint:
+//     net_dev_queue, netif_receive_skb, kfree_skb and udp_fail_queue_rcv_skb
+//     (tp_btf), the program variant picked from each tracepoint's BTF
+//     prototype (kfree_skb gained reason in 5.17 and rx_sk in 6.11). A
+//     netfilter program (6.4+, BPF_PROG_TYPE_NETFILTER) sees a merged
+//     loser's entry just before confirm, in each namespace given to
+//     WatchNetNS; only where it cannot load does the raw tracepoint
+//     kmem_cache_free stand in, seeing the loser's entry freed (by its
+//     cache from 6.1, before that by nf_conntrack's text range from
+//     /proc/modules). No program runs per slab free where the netfilter
+//     program loads.
 //   - Options.Attach forces one tier; a forced fentry or kprobe tier that
 //     cannot trace a hook makes Open fail with a *TierError naming the hook
 //     and the reason, never a silent fallback. Probes reports the outcome per
@@ -40,13 +45,14 @@
 //     record, and the ring empties at the rate of a copy, not at the rate of
 //     the caller's work. It calls its idle function from the calling
 //     goroutine when the ring has been empty for IdleEvery (the kernel side
-//     wakes the reader only when an eighth of the ring is queued). Stats sums the kernel side's per-CPU counters: records lost to
-//     a full ring buffer, flows started and answered.
+//     wakes the reader only when an eighth of the ring is queued). Stats
+//     sums the kernel side's per-CPU counters: records lost to a full ring
+//     buffer, flows started and answered.
 //   - DropReasonName resolves enum skb_drop_reason values from the running
 //     kernel's BTF; values are never hard-coded.
 //
 // Open needs root (or CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN) and kernel BTF
 // (/sys/kernel/btf/vmlinux, or Options.KernelBTF). No tracefs or bpffs mount
-// is needed: tp_btf and fentry attach through BPF links and kprobes through
-// the perf kprobe PMU.
+// is needed: tp_btf, fentry, kprobe.multi and netfilter programs attach
+// through BPF links and kprobes through the perf kprobe PMU.
 package probe

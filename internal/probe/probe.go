@@ -90,12 +90,12 @@ const (
 	// verdicts; queries are first seen at udp_sendmsg and answers at
 	// skb_consume_udp. No device hook runs.
 	ModeFunction Mode = iota
-	// ModeTracepoint: the egress device tracepoint first sees queries and
-	// watches entries get confirmed (the maps of confirmed entries name
-	// winners), answers are seen where their socket takes them
-	// (consume_skb), and merged losers by a netfilter program just before
-	// confirm (6.4+, in the namespaces watched: WatchNetNS) or, before 6.4,
-	// by their unconfirmed entry freed (kmem_cache_free).
+	// ModeTracepoint: device tracepoints first see queries, watch entries
+	// get confirmed (the maps of confirmed entries name winners) and see
+	// answers reach the asking namespace; merged losers are seen by a
+	// netfilter program just before confirm (6.4+, in the namespaces
+	// watched: WatchNetNS) or, before 6.4, by their unconfirmed entry freed
+	// (kmem_cache_free).
 	ModeTracepoint
 )
 
