@@ -1,6 +1,6 @@
 // Package tpchurn holds the vmtest guests' checks of the emulator itself,
 // the reproducer of the "Oops: int3 at kmem_cache_free" that killed 6.12
-// vmtest guests (issue 10) and the property whose absence caused it:
+// vmtest guests and the property whose absence caused it:
 //
 //   - TestRawTracepointChurn attaches and detaches one trivial raw
 //     tracepoint program on kmem_cache_free in a tight loop while other
