@@ -662,6 +662,9 @@ func WriteText(w io.Writer, r *Result) {
 			if l := cpuPerUnitLine(c); l != "" {
 				fmt.Fprintf(w, "%-13s %s\n", c.Name, l)
 			}
+			if l := costSplitLine(c); l != "" {
+				fmt.Fprintf(w, "%-13s %s\n", "", l)
+			}
 		}
 		for _, c := range r.Cases {
 			if c.Skipped > 0 {
@@ -724,4 +727,28 @@ func cpuPerUnitLine(c CaseResult) string {
 	}
 	return fmt.Sprintf("machine CPU per %s: %.2f µs untraced, %.2f traced: tracing costs %.2f µs a %s%s, the target leaves %.2f",
 		u, c.UntracedCPUUs, c.TracedCPUUs, c.TracedCPUUs-c.UntracedCPUUs, u, hooks, c.UntracedCPUUs*(1/c.Target-1))
+}
+
+// costSplitLine splits what tracing cost a unit into parts measured apart:
+// the hooks' dispatch (the hooks-only rounds), the programs' own time
+// (run_time_ns of the count pass, whose two clock reads a run it
+// includes) and the reader (the tracer process's CPU over the traced
+// rounds). What none of them accounts for is the rest, printed too, so a
+// part nobody measured cannot hide. Empty without the hooks-only rounds or
+// a valid count pass.
+func costSplitLine(c CaseResult) string {
+	if c.UntracedCPUUs <= 0 || c.TracedCPUUs <= 0 || c.HooksOnlyCPUUs <= 0 || c.Traced <= 0 ||
+		c.Runs == nil || c.Runs.Invalid || c.Runs.Units <= 0 || c.Runs.PerUnit <= 0 {
+		return ""
+	}
+	var ns uint64
+	for _, p := range c.Runs.Programs {
+		ns += p.RunTimeNs
+	}
+	hooks := c.HooksOnlyCPUUs - c.UntracedCPUUs
+	progs := float64(ns) / c.Runs.Units / 1e3
+	reader := c.TracerCPU / c.Traced * 1e6
+	rest := c.TracedCPUUs - c.UntracedCPUUs - hooks - progs - reader
+	return fmt.Sprintf("of it: hooks %.2f, programs' own time %.2f (%.2f runs, statistics' clock reads included), reader %.2f, rest %+.2f",
+		hooks, progs, c.Runs.PerUnit, reader, rest)
 }

@@ -229,14 +229,17 @@ func TestCPUPerUnitShown(t *testing.T) {
 	WriteText(&out, &Result{Cases: []CaseResult{
 		{Name: "dns-forward", DNS: true, Path: "forward", Target: 0.90, Untraced: 100, Traced: 70, Ratio: 0.7,
 			UntracedCPUUs: 10.8, TracedCPUUs: 15.3},
-		{Name: "udp-forward", Path: "forward", Target: 0.98, Untraced: 100, Traced: 90, Ratio: 0.9,
-			UntracedCPUUs: 8, TracedCPUUs: 9, HooksOnlyCPUUs: 8.25},
+		{Name: "udp-forward", Path: "forward", Target: 0.98, Untraced: 111111, Traced: 100000, Ratio: 0.9,
+			UntracedCPUUs: 8, TracedCPUUs: 9, HooksOnlyCPUUs: 8.25, TracerCPU: 0.01,
+			Runs: &Runs{Unit: "packet", Units: 1000, PerUnit: 6, Programs: []ProgStat{{Name: "a", Runs: 4000, RunTimeNs: 300000}, {Name: "b", Runs: 2000, RunTimeNs: 100000}}}},
 		{Name: "dns-loopback", DNS: true, Target: 0.90, Invalid: true, EventsLost: 3},
 	}})
 	want := "dns-forward   machine CPU per query: 10.80 µs untraced, 15.30 traced: tracing costs 4.50 µs a query, the target leaves 1.20"
 	hooks := "udp-forward   machine CPU per packet: 8.00 µs untraced, 9.00 traced: tracing costs 1.00 µs a packet (the hooks alone 0.25), the target leaves 0.16"
-	if !strings.Contains(out.String(), want) || !strings.Contains(out.String(), hooks) ||
-		strings.Contains(out.String(), "dns-loopback  machine CPU") {
-		t.Errorf("text:\n%s\nwant lines %q and %q", out.String(), want, hooks)
+	// 1.00 = hooks 0.25 + programs 400 µs / 1000 packets + reader 0.01 core / 100,000 a second + rest.
+	split := "              of it: hooks 0.25, programs' own time 0.40 (6.00 runs, statistics' clock reads included), reader 0.10, rest +0.25"
+	if !strings.Contains(out.String(), want) || !strings.Contains(out.String(), hooks) || !strings.Contains(out.String(), split) ||
+		strings.Contains(out.String(), "dns-loopback  machine CPU") || strings.Count(out.String(), "of it:") != 1 {
+		t.Errorf("text:\n%s\nwant lines %q, %q and %q, and no split without a count pass", out.String(), want, hooks, split)
 	}
 }
