@@ -1154,14 +1154,19 @@ static __always_inline void note_ct(struct seen *s, __u64 qid, __u32 asker, __u8
 	resolve_late(s->netns, 0, &s->orig, s->ct, qid, tier);
 }
 
-/* The entry each DNS query packet had just before confirm, by the skb's
- * address, until the packet's next device: copies of one flow racing (the
- * same socket and DNS id) each have their own. An entry older than
- * PRECONFIRM_MS was left by a packet no device saw (a local server took
- * it), and the skb now at its address is another. */
+/* The entry each DNS query packet had just before confirm at POSTROUTING,
+ * by the skb's address, until the packet's next device: copies of one flow
+ * racing (the same socket and DNS id) each have their own. A packet a local
+ * socket takes (LOCAL_IN) meets no device, so it leaves none: its freed
+ * skb's address is soon another packet's, and a copy that joins a
+ * confirmed entry writes no record of its own to replace it. An entry of
+ * another namespace, or older than PRECONFIRM_MS (a packet dropped where
+ * no hook saw it), belongs to another packet. */
 struct preconfirm {
 	__u64 ct;
 	__u64 ts; /* jiffies */
+	__u32 netns;
+	__u32 pad;
 };
 
 /* A packet reaches its device this soon after confirm (a neighbour
@@ -1193,7 +1198,7 @@ static __noinline void check_merge(struct seen *s, struct flow *f, __u64 qid, co
 		struct preconfirm *p = bpf_map_lookup_elem(&preconfirm, &skb);
 		if (!p)
 			return;
-		pre = within_ms(p->ts, bpf_jiffies64(), PRECONFIRM_MS) ? p->ct : 0;
+		pre = p->netns == s->netns && within_ms(p->ts, bpf_jiffies64(), PRECONFIRM_MS) ? p->ct : 0;
 		bpf_map_delete_elem(&preconfirm, &skb);
 	} else {
 		pre = f ? f->pre_ct : 0;
@@ -1353,7 +1358,9 @@ int nf_confirm_soon(struct bpf_nf_ctx___dnsrace *ctx)
 	__u32 asker;
 	query_key(&k, &s);
 	track_query(&s, &k, false, TIER_TRACEPOINT, 0, (__u64)ct, &asker, &f);
-	struct preconfirm p = {.ct = (__u64)ct, .ts = bpf_jiffies64()};
+	if (ctx->state->hook == NF_INET_LOCAL_IN)
+		return NF_ACCEPT; /* its answer compares the flow's pre_ct */
+	struct preconfirm p = {.ct = (__u64)ct, .ts = bpf_jiffies64(), .netns = s.netns};
 	__u64 skbp = (__u64)skb;
 	bpf_map_update_elem(&preconfirm, &skbp, &p, BPF_ANY);
 	return NF_ACCEPT;

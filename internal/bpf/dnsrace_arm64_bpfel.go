@@ -227,9 +227,11 @@ type DnsracePendingConfirm struct {
 }
 
 type DnsracePreconfirm struct {
-	_  structs.HostLayout
-	Ct uint64
-	Ts uint64
+	_     structs.HostLayout
+	Ct    uint64
+	Ts    uint64
+	Netns uint32
+	Pad   uint32
 }
 
 type DnsraceQueryBuf struct {
