@@ -385,7 +385,11 @@ func (tr *traced) checkInsertRaces(t *testing.T) {
 	tr.checkStalls(t, correlate.CauseInsertRace)
 	for _, inc := range tr.byCause(correlate.CauseInsertRace) {
 		if inc.Race == nil || *inc.Race != correlate.RaceReplyClash {
-			t.Errorf("incident %d: race %v, want reply_clash", inc.ID, inc.Race)
+			race := "none"
+			if inc.Race != nil {
+				race = *inc.Race
+			}
+			t.Errorf("incident %d: race %s, want reply_clash; %+v, winner %+v, lost %+v", inc.ID, race, *inc, inc.Winner, inc.Lost)
 		}
 		if inc.Winner == nil {
 			t.Errorf("incident %d: no winner", inc.ID)
