@@ -97,11 +97,12 @@ func (c *Config) defaults() {
 	}
 }
 
-// pendingDrop is evidence waiting ClassifyDelay: a dropped query, or an
-// unconfirmed entry freed (a merged loser, named by its original tuple).
+// pendingDrop is evidence waiting ClassifyDelay: a dropped query, an
+// unconfirmed entry freed (a merged loser, named by its original tuple),
+// or a rescue read before its query.
 type pendingDrop struct {
 	due      uint64
-	kind     event.Kind // KindDrop or KindCTFreed
+	kind     event.Kind // KindDrop, KindCTFreed, KindMerged or KindNATClash
 	qid      uint64     // by id: the struct may be recycled meanwhile
 	netns    uint32
 	ct       event.CT
@@ -165,6 +166,9 @@ type Correlator struct {
 	// counted: losers counted as rescued in the last lossWindow (-> when).
 	counted map[lossKey]uint64
 	attrib  map[uint32]*Attributed
+	// rescuesFrom: per namespace, the send time before which its rescued
+	// races are the caller's to count (CountRescuesFrom).
+	rescuesFrom map[uint32]uint64
 	// strs interns question names by hash.
 	strs *[internSlots]interned
 	// locs caches drop locations by address: a flood of drops comes from a
@@ -265,6 +269,18 @@ func (c *Correlator) Attributed() map[uint32]Attributed {
 		out[ns] = *a
 	}
 	return out
+}
+
+// CountRescuesFrom leaves out of Attributed the rescued races in ns of
+// queries sent before t (CLOCK_MONOTONIC ns): the caller counts those from
+// the kernel's clash_resolve counter, read at t, because the records that
+// name them may come from a program linked only just before. Their
+// incidents are still reported.
+func (c *Correlator) CountRescuesFrom(ns uint32, t uint64) {
+	if c.rescuesFrom == nil {
+		c.rescuesFrom = map[uint32]uint64{}
+	}
+	c.rescuesFrom[ns] = t
 }
 
 func (c *Correlator) attributed(ns uint32) *Attributed {
@@ -391,13 +407,23 @@ func (c *Correlator) Handle(e *event.Event) {
 			}
 		}
 	case event.KindMerged, event.KindNATClash:
-		if q := c.ix.lookup(e.QID); q != nil {
-			var w event.CT
-			if e.Flags&event.FlagWinner != 0 {
-				w = e.Winner
-			}
-			c.rescued(q, e.NetNS, e.CT, w, e.WinnerQID, e.TimeNs)
+		var w event.CT
+		if e.Flags&event.FlagWinner != 0 {
+			w = e.Winner
 		}
+		if q := c.ix.lookup(e.QID); q != nil {
+			c.rescued(q, e.NetNS, e.CT, w, e.WinnerQID, e.TimeNs)
+			break
+		}
+		// The query's own record may come after it: a copy racing the
+		// query's first packet on another CPU found the flow that packet
+		// had just made, before that CPU wrote the query's record.
+		d := pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), kind: e.Kind, qid: e.QID, netns: e.NetNS,
+			ct: e.CT, wqid: e.WinnerQID, timeNs: e.TimeNs, sentNs: e.TimeNs}
+		if e.Flags&event.FlagWinner != 0 {
+			d.winner = &w
+		}
+		c.drops.push(d)
 	case event.KindCTFreed:
 		// The loser's query is the one its socket sent last, once its
 		// packet has been seen (it leaves after the free): decided later.
@@ -554,11 +580,22 @@ func (c *Correlator) budget(ns uint32) (insertFailed, drop int64) {
 }
 
 func (c *Correlator) classify(d *pendingDrop) {
-	if d.kind == event.KindCTFreed {
+	switch d.kind {
+	case event.KindCTFreed:
 		// A merged loser: the last query its socket sent (the loser left
 		// on the winner's entry, so its own entry never met a device).
 		if q := c.ix.onSocket(d.ct.Orig.Src, d.ct.Orig.Dst); q != nil {
 			c.rescued(q, d.netns, d.ct, event.CT{}, 0, d.timeNs)
+		}
+		return
+	case event.KindMerged, event.KindNATClash:
+		// A rescue read before its query's record.
+		if q := c.ix.lookup(d.qid); q != nil {
+			var w event.CT
+			if d.winner != nil {
+				w = *d.winner
+			}
+			c.rescued(q, d.netns, d.ct, w, d.wqid, d.timeNs)
 		}
 		return
 	}

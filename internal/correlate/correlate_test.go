@@ -395,6 +395,40 @@ func TestRescued(t *testing.T) {
 			t.Errorf("attributed %d, %d incidents; want 2 losers", n, len(h.incidents))
 		}
 	})
+	t.Run("read before its query", func(t *testing.T) {
+		// A copy on another CPU found the flow the query's first packet
+		// had just made and wrote its record before that packet's own.
+		h := newHarness(t, nil)
+		a := h.query(0, podA, srcA, 1, dns.TypeA)
+		aaaa := h.qid + 1
+		h.handle(withWinner(&event.Event{Kind: event.KindMerged, QID: aaaa, TimeNs: 2, NetNS: node, CT: entry(0xa, srcA, 1, false)},
+			entry(0xb, srcA, 1, true), a))
+		if got := h.query(3, podA, srcA, 2, dns.TypeAAAA); got != aaaa {
+			t.Fatalf("query %d, want %d", got, aaaa)
+		}
+		h.c.Tick(400 * ms)
+		if inc := h.only(CauseClashResolved); race(inc) != RaceSameTuple || inc.QType != QType(dns.TypeAAAA) {
+			t.Errorf("incident %+v", inc)
+		}
+		if n := h.c.Attributed()[node].ClashResolve; n != 1 {
+			t.Errorf("attributed %d, want 1", n)
+		}
+	})
+	t.Run("counted by the caller before its cutoff", func(t *testing.T) {
+		// A namespace watched late: the races of queries sent before the
+		// counter was read are the counter's; they are still reported.
+		h := newHarness(t, nil)
+		h.c.CountRescuesFrom(node, 100)
+		for i, t0 := range []uint64{0, 200} {
+			a := h.query(t0, podA, srcA, uint16(2*i+1), dns.TypeA)
+			aaaa := h.query(t0+1, podA, srcA, uint16(2*i+2), dns.TypeAAAA)
+			h.handle(withWinner(&event.Event{Kind: event.KindMerged, QID: aaaa, TimeNs: t0 + 40, NetNS: node,
+				CT: entry(uint64(0xa+i), srcA, 1, false)}, entry(0xb, srcA, 1, true), a))
+		}
+		if n := h.c.Attributed()[node].ClashResolve; n != 1 || len(h.incidents) != 2 {
+			t.Errorf("attributed %d, %d incidents; want 1 of 2", n, len(h.incidents))
+		}
+	})
 	t.Run("NAT_CLASH", func(t *testing.T) {
 		h := newHarness(t, nil)
 		h.query(0, podA, srcA, 1, dns.TypeA)

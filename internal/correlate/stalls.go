@@ -409,7 +409,7 @@ func (c *Correlator) rescued(q *query, ns uint32, loser, winner event.CT, wqid u
 	if winner.Ptr != 0 {
 		inc.Winner = c.flowOf(winner, wqid)
 	}
-	if rule.clashResolve {
+	if rule.clashResolve && q.sentNs >= c.rescuesFrom[ns] {
 		c.attributed(ns).ClashResolve++
 	}
 	c.emit(inc, q, c.siblingQuery(q))

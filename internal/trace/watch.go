@@ -59,19 +59,22 @@ func (s *Session) watch(ino uint32, path string) {
 
 // watchLate links the netfilter program in a namespace whose DNS showed
 // only now: the races its counter took before (since dnsrace's baseline
-// of it) are kept as counted, not named. The counter is read first, so a
-// race in between is missed rather than counted twice.
+// of it) are kept as counted, not named. The program is linked first and
+// the counter read after, so no race falls between the two; the races of
+// queries sent before the read are the counter's, not the records', so
+// none is counted twice.
 func (s *Session) watchLate(ino uint32) {
 	if !s.tracer.HasNetfilter() || slices.Contains(s.tracer.Watched(), ino) {
 		return
 	}
+	s.watch(ino, "")
+	s.corr.CountRescuesFrom(ino, monoNow())
 	if k, ok := s.ns.Delta(ino); ok && k.ClashResolve > 0 {
 		if s.unwatched == nil {
 			s.unwatched = map[uint32]uint64{}
 		}
 		s.unwatched[ino] = k.ClashResolve
 	}
-	s.watch(ino, "")
 }
 
 // pruneWatched lets go of the watched namespaces that no process and no
