@@ -94,7 +94,8 @@ func (h *harness) countCase(ctx context.Context, c Case) (*Runs, error) {
 		defer s.Close()
 		fc.Duration = h.cfg.CountDuration
 	}
-	before, err := quietProgCounts()
+	time.Sleep(200 * time.Millisecond) // settle
+	before, err := readProgCounts()
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +103,7 @@ func (h *harness) countCase(ctx context.Context, c Case) (*Runs, error) {
 	if err := h.drive(ctx, c, s, fc, &m); err != nil {
 		return nil, err
 	}
-	after, err := quietProgCounts()
+	after, err := readProgCounts()
 	if err != nil {
 		return nil, err
 	}
@@ -164,38 +165,4 @@ func runsLine(r *Runs) string {
 		sep = ", "
 	}
 	return b.String()
-}
-
-// quietProgCounts reads the programs' run counts once they have stopped
-// rising: a flood's packets still queued (a device's backlog drains after
-// the sender stops, slowly under emulation) belong to their own case, not
-// to the next one's count. Background traffic never stops on some
-// machines, so "stopped" is a rise of at most quietRuns in quietGap, and
-// the wait ends after quietMax whatever it reads.
-func quietProgCounts() (progCounts, error) {
-	const (
-		quietGap  = 100 * time.Millisecond
-		quietRuns = 4
-		quietMax  = 3 * time.Second
-	)
-	prev, err := readProgCounts()
-	if err != nil {
-		return nil, err
-	}
-	for deadline := time.Now().Add(quietMax); time.Now().Before(deadline); {
-		time.Sleep(quietGap)
-		cur, err := readProgCounts()
-		if err != nil {
-			return nil, err
-		}
-		var rise uint64
-		for _, p := range progDelta(prev, cur) {
-			rise += p.Runs
-		}
-		prev = cur
-		if rise <= quietRuns {
-			break
-		}
-	}
-	return prev, nil
 }
