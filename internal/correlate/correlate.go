@@ -407,23 +407,19 @@ func (c *Correlator) Handle(e *event.Event) {
 			}
 		}
 	case event.KindMerged, event.KindNATClash:
-		var w event.CT
-		if e.Flags&event.FlagWinner != 0 {
-			w = e.Winner
-		}
-		if q := c.ix.lookup(e.QID); q != nil {
-			c.rescued(q, e.NetNS, e.CT, w, e.WinnerQID, e.TimeNs)
-			break
-		}
-		// The query's own record may come after it: a copy racing the
-		// query's first packet on another CPU found the flow that packet
-		// had just made, before that CPU wrote the query's record.
 		d := pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), kind: e.Kind, qid: e.QID, netns: e.NetNS,
 			ct: e.CT, wqid: e.WinnerQID, timeNs: e.TimeNs, sentNs: e.TimeNs}
 		if e.Flags&event.FlagWinner != 0 {
+			w := e.Winner
 			d.winner = &w
 		}
-		c.drops.push(d)
+		if !c.rescuedByQuery(&d) {
+			// The query's own record may come after it: a copy racing
+			// the query's first packet on another CPU found the flow
+			// that packet had just made, before that CPU wrote the
+			// query's record.
+			c.drops.push(d)
+		}
 	case event.KindCTFreed:
 		// The loser's query is the one its socket sent last, once its
 		// packet has been seen (it leaves after the free): decided later.
@@ -579,6 +575,21 @@ func (c *Correlator) budget(ns uint32) (insertFailed, drop int64) {
 	return int64(d.InsertFailed) - int64(a.InsertFailed), int64(d.Drop) - int64(a.Drop)
 }
 
+// rescuedByQuery reports the rescue d holds (a Merged or NATClash record)
+// if its query is known by now.
+func (c *Correlator) rescuedByQuery(d *pendingDrop) bool {
+	q := c.ix.lookup(d.qid)
+	if q == nil {
+		return false
+	}
+	var w event.CT
+	if d.winner != nil {
+		w = *d.winner
+	}
+	c.rescued(q, d.netns, d.ct, w, d.wqid, d.timeNs)
+	return true
+}
+
 func (c *Correlator) classify(d *pendingDrop) {
 	switch d.kind {
 	case event.KindCTFreed:
@@ -590,13 +601,7 @@ func (c *Correlator) classify(d *pendingDrop) {
 		return
 	case event.KindMerged, event.KindNATClash:
 		// A rescue read before its query's record.
-		if q := c.ix.lookup(d.qid); q != nil {
-			var w event.CT
-			if d.winner != nil {
-				w = *d.winner
-			}
-			c.rescued(q, d.netns, d.ct, w, d.wqid, d.timeNs)
-		}
+		c.rescuedByQuery(d)
 		return
 	}
 	q := c.ix.lookup(d.qid)
