@@ -94,8 +94,10 @@ func (h *harness) countCase(ctx context.Context, c Case) (*Runs, error) {
 		defer s.Close()
 		fc.Duration = h.cfg.CountDuration
 	}
-	time.Sleep(200 * time.Millisecond) // settle
-	before, err := readProgCounts()
+	// The window opens once the previous case's packets are gone and
+	// closes once this case's are: each case counts its own runs, all of
+	// them.
+	before, err := quietProgCounts()
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +105,7 @@ func (h *harness) countCase(ctx context.Context, c Case) (*Runs, error) {
 	if err := h.drive(ctx, c, s, fc, &m); err != nil {
 		return nil, err
 	}
-	after, err := readProgCounts()
+	after, err := quietProgCounts()
 	if err != nil {
 		return nil, err
 	}
@@ -165,4 +167,41 @@ func runsLine(r *Runs) string {
 		sep = ", "
 	}
 	return b.String()
+}
+
+// quietProgCounts reads the programs' run counts once the packet programs
+// have stopped running: a flood's packets still queued when its sender
+// stops (a device's backlog, a responder's socket; slow to drain under
+// emulation) belong to its own case, not to the next one's window. The
+// slab-free program runs whatever the network does and is not waited
+// for. Some machines never go silent, so "stopped" is a rise of at most
+// quietRuns in quietGap, and the wait ends after quietMax whatever it reads.
+func quietProgCounts() (progCounts, error) {
+	const (
+		quietGap  = 100 * time.Millisecond
+		quietRuns = 4
+		quietMax  = 3 * time.Second
+	)
+	prev, err := readProgCounts()
+	if err != nil {
+		return nil, err
+	}
+	for deadline := time.Now().Add(quietMax); time.Now().Before(deadline); {
+		time.Sleep(quietGap)
+		cur, err := readProgCounts()
+		if err != nil {
+			return nil, err
+		}
+		var rise uint64
+		for _, p := range progDelta(prev, cur) {
+			if !strings.HasPrefix(p.Name, "tp_kmem_cache_free") {
+				rise += p.Runs
+			}
+		}
+		prev = cur
+		if rise <= quietRuns {
+			break
+		}
+	}
+	return prev, nil
 }

@@ -148,6 +148,16 @@ func runBound(tier string, c CaseResult, r *Runs, prog string, netfilter bool) f
 		}
 		return (query+answer)*r.Sent/r.Units + slack
 	}
+	// A packet hook also sees the ICMP error a late answer draws from the
+	// flood's closed socket: it takes the query's way back, once for each
+	// query sent but not answered in time at most (the count waits for the
+	// flood's last packets).
+	path := func(query, answer float64) float64 {
+		if !c.DNS {
+			return hops(query, answer)
+		}
+		return hops(query, answer) + query*(r.Sent-r.Units)/r.Units
+	}
 	fwd := c.Path == "forward"
 	switch {
 	case strings.HasSuffix(prog, "udp_sendmsg") || strings.HasSuffix(prog, "udpv6_sendmsg"):
@@ -158,15 +168,15 @@ func runBound(tier string, c CaseResult, r *Runs, prog string, netfilter bool) f
 		// a flood's sockets keep their 5-tuple: one new entry each
 		return slack
 	case prog == "tp_net_dev_queue" && fwd:
-		return hops(2, 3)
+		return path(2, 3)
 	case prog == "tp_net_dev_queue":
-		return hops(1, 1) // lo
+		return path(1, 1) // lo
 	case prog == "tp_netif_receive_skb" && fwd:
-		return hops(3, 2)
+		return path(3, 2)
 	case prog == "tp_netif_receive_skb":
-		return hops(1, 1)
+		return path(1, 1)
 	case prog == "nf_confirm_soon" && fwd:
-		return hops(1, 1) // the node's POSTROUTING
+		return path(1, 1) // the node's POSTROUTING
 	case prog == "nf_confirm_soon":
 		return slack // the pods do not NAT: not watched there
 	}
