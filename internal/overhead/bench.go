@@ -186,10 +186,17 @@ type CaseResult struct {
 	Invalid    bool    `json:"invalid"`
 	// DNS cases: what the kernel side sent per answered query.
 	Answered uint64 `json:"queries_answered,omitempty"`
-	// DNS cases: answers the flood read that the tracer did not follow to
-	// their query. Past 1% of them the case is Invalid too: a tracer that
-	// loses track of queries does less work than one that follows them.
-	Unfollowed      uint64  `json:"answers_unfollowed,omitempty"`
+	// DNS cases: answers the flood read that the tracer's kernel side did
+	// not follow to their query (no flow: no answer record). Past 1% of
+	// them the case is Invalid too: programs that lose track of queries do
+	// less work than ones that follow them.
+	Unfollowed uint64 `json:"answers_unfollowed,omitempty"`
+	// AfterEviction: answers the kernel side followed whose queries the
+	// correlator had already forgotten, the oldest past its cap of queries
+	// in flight (the tracer counts them as evicted). Each was read and
+	// looked up like any other: the round did the work it measures, but a
+	// trace under such a flood would not report those queries' fate.
+	AfterEviction   uint64  `json:"answers_after_eviction,omitempty"`
 	RecordsPerQuery float64 `json:"records_per_answered_query,omitempty"`
 	BytesPerQuery   float64 `json:"bytes_per_answered_query,omitempty"`
 	// The count pass: every program's runs over the case's units.
@@ -512,12 +519,19 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 				r.EventsLost += m.sum.EventsLost
 				r.Skipped += m.sum.Skipped()
 				r.Answered += m.sum.Queries.Answered
-				if c.DNS && m.flood.Answers > m.sum.Queries.Answered {
-					r.Unfollowed += m.flood.Answers - m.sum.Queries.Answered
+				if c.DNS {
+					unfollowed, evicted := unfollowedAnswers(m.flood.Answers, m.sum)
+					r.Unfollowed += unfollowed
+					r.AfterEviction += evicted
 				}
 				answers += m.flood.Answers
 			}
 			h.logf("  %-13s round %d %-8s %10.0f /s (sent %d)", c.Name, round+1, kind, pps, m.flood.Sent)
+			if kind == traced && c.DNS && m.flood.Answers > m.sum.Queries.Answered {
+				q, k := m.sum.Queries, m.sum.KernelFlows
+				h.logf("  %-13s round %d: the flood read %d answers, the tracer followed %d of %d queries (%d in flight, %d evicted); kernel flows: %d started, %d answered, %d live, %d ended unanswered",
+					c.Name, round+1, m.flood.Answers, q.Answered, q.Queries, q.InFlight, q.Evicted, k.Started, k.Answered, k.Live, k.Unanswered)
+			}
 		}
 	}
 	r.Untraced, r.Traced = units[untraced]/secs[untraced], units[traced]/secs[traced]
@@ -648,6 +662,9 @@ func WriteText(w io.Writer, r *Result) {
 			if c.Unfollowed > 0 {
 				fmt.Fprintf(w, "%-13s %d answers the flood read were not followed to their query by the tracer\n", c.Name, c.Unfollowed)
 			}
+			if c.AfterEviction > 0 {
+				fmt.Fprintf(w, "%-13s %d answers came after the correlator had evicted their queries (the oldest past its cap in flight)\n", c.Name, c.AfterEviction)
+			}
 		}
 		for _, c := range r.Cases {
 			if c.HooksOnly > 0 {
@@ -751,4 +768,23 @@ func costSplitLine(c CaseResult) string {
 	rest := c.TracedCPUUs - c.UntracedCPUUs - hooks - progs - reader
 	return fmt.Sprintf("of it: hooks %.2f, programs' own time %.2f (%.2f runs, statistics' clock reads included), reader %.2f, rest %+.2f",
 		hooks, progs, c.Runs.PerUnit, reader, rest)
+}
+
+// unfollowedAnswers splits the answers a flood read that the correlator
+// did not see answered: those the kernel side did not follow either
+// (unfollowed), and those it followed to queries the correlator had
+// evicted. A tracer without kernel flow counts has only the first kind.
+func unfollowedAnswers(read uint64, sum *TraceSummary) (unfollowed, afterEviction uint64) {
+	followed := sum.Queries.Answered
+	if read <= followed {
+		return 0, 0
+	}
+	kernel := sum.KernelFlows.Answered
+	if sum.KernelFlows.Started == 0 || kernel <= followed {
+		return read - followed, 0
+	}
+	if read > kernel {
+		unfollowed = read - kernel
+	}
+	return unfollowed, min(read, kernel) - followed
 }

@@ -167,6 +167,36 @@ func TestUnfollowedAnswersInvalid(t *testing.T) {
 	}
 }
 
+// TestUnfollowedAnswersSplit: of the answers a flood read, those the
+// kernel side followed to queries the correlator had already evicted do
+// not make a round invalid (the records were read and looked up); those
+// the kernel side did not follow do.
+func TestUnfollowedAnswersSplit(t *testing.T) {
+	sum := func(correlated, started, kernel uint64) *TraceSummary {
+		s := &TraceSummary{}
+		s.Queries.Answered = correlated
+		s.KernelFlows.Started, s.KernelFlows.Answered = started, kernel
+		return s
+	}
+	for _, tc := range []struct {
+		name                 string
+		read                 uint64
+		sum                  *TraceSummary
+		unfollowed, eviction uint64
+	}{
+		{"all followed", 1000, sum(1000, 1200, 1000), 0, 0},
+		{"evicted in the correlator", 1000, sum(940, 1200, 1000), 0, 60},
+		{"lost in the kernel", 1000, sum(900, 1200, 900), 100, 0},
+		{"both", 1000, sum(850, 1200, 900), 100, 50},
+		{"no kernel counts", 1000, sum(900, 0, 0), 100, 0},
+	} {
+		u, e := unfollowedAnswers(tc.read, tc.sum)
+		if u != tc.unfollowed || e != tc.eviction {
+			t.Errorf("%s: unfollowed %d, after eviction %d; want %d, %d", tc.name, u, e, tc.unfollowed, tc.eviction)
+		}
+	}
+}
+
 // TestRatioRangeShown: with two rounds or more the text gives the lowest
 // and highest ratio of one round, so a reader knows how much of a
 // difference between two runs is noise; one round gives none.

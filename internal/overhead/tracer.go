@@ -29,6 +29,14 @@ type TraceSummary struct {
 		InFlight int    `json:"in_flight"`
 		Evicted  uint64 `json:"evicted"`
 	} `json:"queries"`
+	// KernelFlows: the kernel side's flows, for a round that did not
+	// follow its answers.
+	KernelFlows struct {
+		Started    uint64 `json:"started"`
+		Answered   uint64 `json:"answered"`
+		Live       uint64 `json:"live"`
+		Unanswered uint64 `json:"ended_unanswered"`
+	} `json:"kernel_flows"`
 }
 
 // Skipped is how many hook calls the kernel did not run the tracer's
