@@ -499,6 +499,7 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 	var answers uint64 // read by the floods of the traced rounds
 	for round := range h.cfg.Rounds {
 		for _, kind := range roundOrder(round, h.cfg.Floor) {
+			var unfollowed, afterEviction uint64 // a traced DNS round's
 			m, err := h.once(ctx, c, s, fc, kind)
 			if err != nil {
 				return r, err
@@ -520,14 +521,14 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 				r.Skipped += m.sum.Skipped()
 				r.Answered += m.sum.Queries.Answered
 				if c.DNS {
-					unfollowed, evicted := unfollowedAnswers(m.flood.Answers, m.sum)
+					unfollowed, afterEviction = unfollowedAnswers(m.flood.Answers, m.sum)
 					r.Unfollowed += unfollowed
-					r.AfterEviction += evicted
+					r.AfterEviction += afterEviction
 				}
 				answers += m.flood.Answers
 			}
 			h.logf("  %-13s round %d %-8s %10.0f /s (sent %d)", c.Name, round+1, kind, pps, m.flood.Sent)
-			if kind == traced && c.DNS && m.flood.Answers > m.sum.Queries.Answered {
+			if unfollowed+afterEviction > 0 {
 				q, k := m.sum.Queries, m.sum.KernelFlows
 				h.logf("  %-13s round %d: the flood read %d answers, the tracer followed %d of %d queries (%d in flight, %d evicted); kernel flows: %d started, %d answered, %d live, %d ended unanswered",
 					c.Name, round+1, m.flood.Answers, q.Answered, q.Queries, q.InFlight, q.Evicted, k.Started, k.Answered, k.Live, k.Unanswered)

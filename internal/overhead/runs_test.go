@@ -128,7 +128,7 @@ func runBound(tier string, c CaseResult, r *Runs, prog string, netfilter bool) f
 	if strings.Contains(prog, "kfree_skb") || strings.Contains(prog, "udp_fail_queue_rcv_skb") {
 		return drops + slack
 	}
-	if strings.HasPrefix(prog, "tp_kmem_cache_free") {
+	if slabFreeProg(prog) {
 		// Every slab free: only where the netfilter program cannot load
 		// (before 6.4), and then unbounded by the design.
 		if tier == "tracepoint" && !netfilter {
