@@ -6,6 +6,7 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"github.com/ti-mo/netfilter"
+	"golang.org/x/sys/unix"
 )
 
 // Counters are one CPU's conntrack statistics, or their sum.
@@ -84,7 +85,9 @@ const (
 )
 
 // Reader reads the counters of one namespace. It keeps its netlink socket,
-// which stays bound to the namespace it was opened in.
+// which stays bound to the namespace it was opened in and holds it alive:
+// a namespace everything else has let go of lives on (with its interfaces)
+// until the Reader is closed.
 type Reader struct {
 	conn *netfilter.Conn
 }
@@ -92,15 +95,35 @@ type Reader struct {
 // Open returns a Reader for the network namespace at netnsPath (a
 // /run/netns/NAME or /proc/PID/ns/net path); "" means the caller's own.
 func Open(netnsPath string) (*Reader, error) {
-	cfg := &netlink.Config{}
-	if netnsPath != "" {
-		f, err := os.Open(netnsPath)
-		if err != nil {
+	if netnsPath == "" {
+		return dial(&netlink.Config{})
+	}
+	return OpenInode(netnsPath, 0)
+}
+
+// OpenInode is Open of the namespace at path, checked to be the one with
+// inode ino (0: any): a path found earlier may name another namespace by
+// now (a process gone and its PID reused, a name pointed elsewhere), and
+// its counters must not pass for the first one's.
+func OpenInode(path string, ino uint32) (*Reader, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening network namespace: %w", err)
+	}
+	defer f.Close()
+	if ino != 0 {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 			return nil, fmt.Errorf("opening network namespace: %w", err)
 		}
-		defer f.Close()
-		cfg.NetNS = int(f.Fd())
+		if uint32(st.Ino) != ino {
+			return nil, fmt.Errorf("opening network namespace %d: %s is namespace %d now", ino, path, st.Ino)
+		}
 	}
+	return dial(&netlink.Config{NetNS: int(f.Fd())})
+}
+
+func dial(cfg *netlink.Config) (*Reader, error) {
 	c, err := netfilter.Dial(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("opening ctnetlink socket: %w", err)
