@@ -57,6 +57,7 @@ type Resolver struct {
 	cgScanned time.Time
 	nsPids    map[uint32][]uint32 // netns -> processes in it
 	nsScanned time.Time
+	swept     time.Time            // when the caches last dropped stale answers
 	pods      map[string][2]string // uid -> namespace, name
 	ctrs      map[string]string    // container id -> container name
 	logsRead  time.Time
@@ -116,6 +117,7 @@ func (r *Resolver) Lookup(netns, pid uint32, cgroup uint64) (Pod, bool) {
 	// One clock read for the three caches: in a flood of incidents from
 	// outside any pod, three were 4% of the tracer's CPU.
 	now := r.now()
+	r.sweep(now)
 	if cgroup != 0 {
 		if p, ok := r.cgroupLocked(cgroup, now); ok {
 			return p, true
@@ -140,6 +142,31 @@ func (r *Resolver) ByPID(pid uint32) (Pod, bool) { return r.Lookup(0, pid, 0) }
 
 // ByCgroup names the pod of a cgroup v2 id.
 func (r *Resolver) ByCgroup(id uint64) (Pod, bool) { return r.Lookup(0, 0, id) }
+
+// sweepAfter is, in TTLs, how often the caches drop their stale answers:
+// pods, processes and cgroups that come and go on a node must leave
+// nothing behind in a tracer that runs for weeks.
+const sweepAfter = 6
+
+// sweep drops the answers older than TTL, every sweepAfter TTLs; under
+// r.mu.
+func (r *Resolver) sweep(now time.Time) {
+	if now.Sub(r.swept) < sweepAfter*r.cfg.TTL {
+		return
+	}
+	r.swept = now
+	dropStale(r.byNetNS, now, r.cfg.TTL)
+	dropStale(r.byPID, now, r.cfg.TTL)
+	dropStale(r.byCgroup, now, r.cfg.TTL)
+}
+
+func dropStale[K comparable](m map[K]cached, now time.Time, ttl time.Duration) {
+	for k, c := range m {
+		if now.Sub(c.at) >= ttl {
+			delete(m, k)
+		}
+	}
+}
 
 func (r *Resolver) fresh(c cached, ok bool, now time.Time) bool {
 	return ok && now.Sub(c.at) < r.cfg.TTL
@@ -380,6 +407,7 @@ func ParseContainerLog(file string) (pod, namespace, container, id string, ok bo
 // its path below the kubepods hierarchy.
 func (r *Resolver) scanCgroups() {
 	r.cgScanned = r.now()
+	clear(r.cgPaths) // a deleted pod's cgroups must not stay
 	root := r.cfg.CgroupRoot
 	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
