@@ -331,7 +331,7 @@ func buildPod(t Topology, i int, node *netlink.Handle, br netlink.Link) error {
 	defer pod.Close()
 	defer podNS.Close()
 	v := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: fmt.Sprintf("pod%d", i), MasterIndex: br.Attrs().Index},
+		LinkAttrs:     netlink.LinkAttrs{Name: podLink(i), MasterIndex: br.Attrs().Index},
 		PeerName:      "eth0",
 		PeerNamespace: netlink.NsFd(podNS),
 	}
@@ -396,25 +396,29 @@ func setSysctls(t Topology) error {
 // writePodEtc writes each pod's resolv.conf and nsswitch.conf under
 // /etc/netns/POD/, where both `ip netns exec` and nsutil.Command find them.
 func writePodEtc(t Topology) error {
-	resolv := fmt.Sprintf("# written by dnsrace lab\nnameserver %s\n", VIP)
-	if len(t.ResolvOptions) > 0 {
-		resolv += "options " + strings.Join(t.ResolvOptions, " ") + "\n"
-	}
 	for _, n := range t.podNames() {
-		dir := filepath.Join(nsutil.EtcDir, n)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte(resolv), 0o644); err != nil {
-			return err
-		}
-		// Only DNS: a host's nsswitch may route names to systemd-resolved
-		// or mDNS, which would bypass the lab.
-		if err := os.WriteFile(filepath.Join(dir, "nsswitch.conf"), []byte("hosts: dns\n"), 0o644); err != nil {
+		if err := writeOnePodEtc(t, n); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+func writeOnePodEtc(t Topology, pod string) error {
+	resolv := fmt.Sprintf("# written by dnsrace lab\nnameserver %s\n", VIP)
+	if len(t.ResolvOptions) > 0 {
+		resolv += "options " + strings.Join(t.ResolvOptions, " ") + "\n"
+	}
+	dir := filepath.Join(nsutil.EtcDir, pod)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte(resolv), 0o644); err != nil {
+		return err
+	}
+	// Only DNS: a host's nsswitch may route names to systemd-resolved
+	// or mDNS, which would bypass the lab.
+	return os.WriteFile(filepath.Join(dir, "nsswitch.conf"), []byte("hosts: dns\n"), 0o644)
 }
 
 // Teardown removes everything a lab with prefix may have made: processes
