@@ -40,6 +40,20 @@ func tier(t *testing.T) event.Tier {
 	return tr
 }
 
+// attachTier is the tier to ask the loader for to test tier want: want,
+// or where the kernel cannot give fentry (5.10: no nf_conntrack BTF; arm64
+// before 6.4: no ftrace direct calls) the loader's own choice, which a
+// test then checks fell back to kprobe and said why.
+func attachTier(t *testing.T, want event.Tier) event.Tier {
+	if want == event.TierFentry {
+		if limit := testutil.FentryLimit(); limit != "" {
+			t.Logf("fentry is limited here (%s): tracing with the automatic tier choice", limit)
+			return event.TierNone
+		}
+	}
+	return want
+}
+
 type traced struct {
 	rep       *lab.Report
 	sum       *Summary
@@ -86,17 +100,7 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 		s   *Session
 	)
 	want := tier(t)
-	attach := want
-	if want == event.TierFentry {
-		if limit := testutil.FentryLimit(); limit != "" {
-			// The kernel cannot give fentry (5.10: no nf_conntrack BTF;
-			// arm64 before 6.4: no ftrace direct calls): trace with the
-			// tiers the loader chooses, and check below that it fell back
-			// to kprobe and said why.
-			attach = event.TierNone
-			t.Logf("fentry is limited here (%s): tracing with the automatic tier choice", limit)
-		}
-	}
+	attach := attachTier(t, want)
 	drive := lab.DriveConfig{Scenario: sc}
 	if untilStall {
 		drive.UntilStall = lossyWindows * sc.Duration

@@ -56,6 +56,10 @@ type Options struct {
 	// threads than there are CPUs (needs CAP_SYS_NICE; Start fails if it
 	// cannot be set).
 	ReaderNice int
+	// NamespaceScanEvery is how often the namespaces something other than
+	// dnsrace holds are looked for, so the others are let go
+	// (DefaultNamespaceScan when 0).
+	NamespaceScanEvery time.Duration
 }
 
 // Session is one running trace.
@@ -77,7 +81,7 @@ type Options struct {
 type Session struct {
 	opts    Options
 	tracer  *probe.Tracer
-	ns      *nsCounters
+	ns      *namespaces
 	syms    *ksym.Table
 	started time.Time
 	monoOff time.Duration
@@ -90,13 +94,18 @@ type Session struct {
 	closing  []*correlate.Incident // closed since the last tick
 	readErr  error
 	// The netfilter program's namespaces (watch.go): why some could not
-	// be watched, and when the watched ones are next checked for gone.
+	// be watched.
 	watchErrs []string
-	nextPrune time.Time
 	// unwatched: per namespace watched only once its DNS showed (not at
 	// start), the races its clash_resolve counted before: rescued, no
 	// query lost, but no query can be named for them.
 	unwatched map[uint32]uint64
+	// Namespaces let go of (release.go): the newest listed, older ones
+	// summed; releasedCount counts every one dnsrace held something of.
+	released        []NamespaceSummary
+	releasedEarlier ReleasedSum
+	releasedCount   uint64
+	scans           chan map[uint32]string // the scanner's living namespaces
 
 	// Writer-owned (Stop's once the writer is done).
 	jsonl []byte // --json: each incident's line is built here
@@ -141,6 +150,9 @@ type snapshot struct {
 	ctNS       []uint32
 	watchErrs  []string
 	unwatched  map[uint32]uint64
+	released   []NamespaceSummary // never changed once snapshot: see letGo
+	earlier    ReleasedSum
+	nReleased  uint64
 }
 
 // Start loads the probes and starts reading.
@@ -160,9 +172,10 @@ func Start(opts Options) (*Session, error) {
 		return nil, err
 	}
 	s := &Session{opts: opts, tracer: t, ctNS: map[uint32]bool{}, counts: map[string]int{}, done: make(chan struct{}),
-		outq: make(chan outBatch, outQueue), cpq: make(chan func()), wdone: make(chan struct{})}
+		outq: make(chan outBatch, outQueue), cpq: make(chan func()), wdone: make(chan struct{}),
+		scans: make(chan map[uint32]string, 1)}
 	s.syms, _ = ksym.Load("")
-	s.ns = newNSCounters(opts.ProcRoot)
+	s.ns = newNamespaces(opts.ProcRoot)
 	s.watchNAT()
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
@@ -183,6 +196,11 @@ func Start(opts Options) (*Session, error) {
 	go s.write()
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
+	scanEvery := opts.NamespaceScanEvery
+	if scanEvery <= 0 {
+		scanEvery = DefaultNamespaceScan
+	}
+	go s.scanNamespaces(ctx, scanEvery)
 	niced := make(chan error, 1)
 	go s.read(ctx, niced)
 	if err := <-niced; err != nil {
@@ -250,7 +268,7 @@ func (s *Session) handle(e *event.Event) {
 // tick runs on the reader.
 func (s *Session) tick(now uint64) {
 	s.corr.Tick(now)
-	s.pruneWatched(time.Now())
+	s.takeScan()
 	s.nextTick = now + uint64(tickEvery)
 	s.handOver(now, true)
 }
@@ -325,6 +343,7 @@ func (s *Session) snapshot() *snapshot {
 	}
 	sn.watchErrs = append([]string(nil), s.watchErrs...)
 	sn.unwatched = maps.Clone(s.unwatched)
+	sn.released, sn.earlier, sn.nReleased = s.released, s.releasedEarlier, s.releasedCount
 	return sn
 }
 
@@ -433,6 +452,15 @@ type Summary struct {
 	// 6.4+) could not be linked in a namespace: merged clash losers there
 	// are not seen.
 	NetfilterErrors []string `json:"netfilter_errors,omitempty"`
+	// NamespacesHeld counts the namespaces dnsrace holds now (a counter
+	// reader or the netfilter program's links: where DNS is tracked and
+	// something else holds the namespace too); NamespacesReleased those it
+	// let go of once nothing else held them. Released ones are listed in
+	// Namespaces (Released), the newest 1,024; ReleasedEarlier sums the
+	// older ones.
+	NamespacesHeld     int          `json:"namespaces_held"`
+	NamespacesReleased uint64       `json:"namespaces_released"`
+	ReleasedEarlier    *ReleasedSum `json:"namespaces_released_earlier,omitempty"`
 	// RecursionMisses are, by program, the runs the kernel skipped because
 	// another BPF program was running on that CPU: hook calls dnsrace never
 	// saw (only programs with misses; see probe.Tracer.Missed for which
@@ -467,6 +495,9 @@ type NamespaceSummary struct {
 	// Watched: the netfilter program was linked in it (tracepoint tier,
 	// 6.4+), so merged clash losers there are seen.
 	Watched bool `json:"netfilter_watched,omitempty"`
+	// Released: nothing but dnsrace held the namespace any more, so dnsrace
+	// let go of it; Kernel is as read just before.
+	Released bool `json:"released,omitempty"`
 }
 
 // ProbeSummary is one hook's tier in the summary.
@@ -604,6 +635,21 @@ func (s *Session) reconcile(typ string, sn *snapshot, lost uint64) *Summary {
 		sum.Kernel.Add(k)
 		sum.Attributed.Add(a)
 	}
+	for _, ns := range sn.released {
+		sum.Namespaces = append(sum.Namespaces, ns)
+		sum.Kernel.Add(ns.Kernel)
+		sum.Attributed.Add(ns.Attributed)
+		sum.ClashBeforeWatched += ns.ClashBeforeWatched
+	}
+	if sn.earlier.Namespaces > 0 {
+		e := sn.earlier
+		sum.ReleasedEarlier = &e
+		sum.Kernel.Add(e.Kernel)
+		sum.Attributed.Add(e.Attributed)
+		sum.ClashBeforeWatched += e.ClashBeforeWatched
+	}
+	sum.NamespacesReleased = sn.nReleased
+	sum.NamespacesHeld = s.ns.held(watched)
 	check := func(name string, kernel, attributed uint64) {
 		if kernel != attributed {
 			sum.Mismatch = append(sum.Mismatch, fmt.Sprintf("%s: kernel %d, attributed %d", name, kernel, attributed))

@@ -288,6 +288,10 @@ func FormatSummary(s *Summary) string {
 		fmt.Fprintf(&b, "  kernel flow table: %d queries started, %d ended by their answer, %d ended unanswered (resent or evicted), %d open at the end\n",
 			f.Started, f.Answered, f.Unanswered, f.Live)
 	}
+	if s.NamespacesReleased > 0 {
+		fmt.Fprintf(&b, "  namespaces let go of once nothing else held them: %d (their counters as read just before are in the table above); held now: %d\n",
+			s.NamespacesReleased, s.NamespacesHeld)
+	}
 	if s.PcapErrors > 0 {
 		fmt.Fprintf(&b, "  pcap: %d incidents could not be written\n", s.PcapErrors)
 	}

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
-	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
@@ -19,11 +17,8 @@ import (
 // where races can happen and nowhere else (it runs for every packet that
 // leaves or enters a namespace it is linked in): at start in every
 // namespace that NATs, later in each namespace the kernel side announces a
-// DNS entry in. A namespace watched is held alive by its links, so those of
-// namespaces no process or name refers to any more are let go.
-
-// pruneEvery is how often watched namespaces are checked for being gone.
-const pruneEvery = 30 * time.Second
+// DNS entry in. A namespace watched is held alive by its links, so they are
+// closed once nothing else holds it (release.go).
 
 // watchNAT links the netfilter program in every namespace known that has
 // NAT rules (nftables chains of type nat, or the legacy iptables nat table).
@@ -31,7 +26,7 @@ func (s *Session) watchNAT() {
 	if !s.tracer.HasNetfilter() {
 		return
 	}
-	for ino, path := range s.ns.allPaths() {
+	for ino, path := range s.ns.living() {
 		if hasNAT(path) {
 			s.watch(ino, path)
 		}
@@ -75,48 +70,6 @@ func (s *Session) watchLate(ino uint32) {
 		}
 		s.unwatched[ino] = k.ClashResolve
 	}
-}
-
-// pruneWatched lets go of the watched namespaces that no process and no
-// /run/netns name holds any more.
-func (s *Session) pruneWatched(now time.Time) {
-	if s.tracer == nil || now.Before(s.nextPrune) {
-		return
-	}
-	s.nextPrune = now.Add(pruneEvery)
-	w := s.tracer.Watched()
-	if len(w) == 0 {
-		return
-	}
-	alive := livingNamespaces(s.opts.ProcRoot)
-	for _, ino := range w {
-		if _, ok := alive[ino]; !ok {
-			s.tracer.UnwatchNetNS(ino)
-		}
-	}
-}
-
-// livingNamespaces maps the inode of every namespace a process is in or a
-// /run/netns name holds to a path that opens it.
-func livingNamespaces(procRoot string) map[uint32]string {
-	out := map[uint32]string{}
-	add := func(p string) {
-		if ino, ok := nsutil.PathInode(p); ok {
-			if _, known := out[ino]; !known {
-				out[ino] = p
-			}
-		}
-	}
-	if ents, err := os.ReadDir(nsutil.RunDir); err == nil {
-		for _, e := range ents {
-			add(filepath.Join(nsutil.RunDir, e.Name()))
-		}
-	}
-	procs, _ := filepath.Glob(filepath.Join(procRoot, "[0-9]*", "ns", "net"))
-	for _, p := range procs {
-		add(p)
-	}
-	return out
 }
 
 // hasNAT reports whether the namespace at path has NAT rules: an nftables
