@@ -22,9 +22,8 @@ import (
 const (
 	rulesPath     = "../../scripts/prometheus-rules.yaml"
 	rulesTestPath = "../../scripts/prometheus-rules.test.yaml"
-	readmePath    = "../../README.md"
 	promDocPath   = "../../docs/prometheus.md"
-	runbookPrefix = "https://github.com/dnsrace/dnsrace/blob/main/README.md#"
+	runbookPrefix = "https://github.com/dnsrace/dnsrace/blob/main/docs/prometheus.md#"
 )
 
 type rule struct {
@@ -64,18 +63,21 @@ func loadRules(t *testing.T) (ruleFile, []rule) {
 }
 
 // githubAnchors are the anchors GitHub gives the headings of a Markdown
-// file: lower case, punctuation but '-' and '_' dropped, spaces to '-'.
+// file: lower case, punctuation but '-' and '_' dropped, spaces to '-', and
+// "-1", "-2" ... after a heading's second and later namesakes.
 func githubAnchors(md string) map[string]bool {
 	out := map[string]bool{}
+	seen := map[string]int{}
 	fence := false
 	for _, line := range strings.Split(md, "\n") {
-		if strings.HasPrefix(line, "```") {
+		if strings.HasPrefix(strings.TrimLeft(line, " "), "```") {
 			fence = !fence
 		}
-		if fence || !strings.HasPrefix(line, "#") {
+		level := len(line) - len(strings.TrimLeft(line, "#"))
+		if fence || level == 0 || level > 6 || !strings.HasPrefix(line[level:], " ") {
 			continue
 		}
-		h := strings.ToLower(strings.TrimSpace(strings.TrimLeft(line, "#")))
+		h := strings.ToLower(strings.TrimSpace(line[level:]))
 		var b strings.Builder
 		for _, r := range h {
 			switch {
@@ -85,20 +87,27 @@ func githubAnchors(md string) map[string]bool {
 				b.WriteRune(r)
 			}
 		}
-		out[b.String()] = true
+		a := b.String()
+		if n := seen[a]; n > 0 {
+			seen[a]++
+			a = fmt.Sprintf("%s-%d", a, n)
+		} else {
+			seen[a] = 1
+		}
+		out[a] = true
 	}
 	return out
 }
 
 // TestAlertAnnotations: every alert says what is wrong and where its
-// runbook is, and that runbook is a heading of the README.
+// runbook is, and that runbook is a heading of docs/prometheus.md.
 func TestAlertAnnotations(t *testing.T) {
 	_, rules := loadRules(t)
-	readme, err := os.ReadFile(readmePath)
+	doc, err := os.ReadFile(promDocPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	anchors := githubAnchors(string(readme))
+	anchors := githubAnchors(string(doc))
 	alerts := 0
 	for _, r := range rules {
 		if r.Alert == "" {
@@ -116,7 +125,7 @@ func TestAlertAnnotations(t *testing.T) {
 		u := r.Annotations["runbook_url"]
 		anchor, ok := strings.CutPrefix(u, runbookPrefix)
 		if !ok || !anchors[anchor] {
-			t.Errorf("%s: runbook_url %s is not a heading of the README (anchors %v)", r.Alert, u, anchors)
+			t.Errorf("%s: runbook_url %s is not a heading of %s (anchors %v)", r.Alert, u, promDocPath, anchors)
 		}
 	}
 	if alerts < 3 {
@@ -125,14 +134,17 @@ func TestAlertAnnotations(t *testing.T) {
 }
 
 func TestGithubAnchors(t *testing.T) {
-	a := githubAnchors("# dnsrace\n```\n# not a heading\n```\n#### `DnsraceTracerDown`\n### Metrics (`--metrics-addr ADDR`)\n")
-	for _, want := range []string{"dnsrace", "dnsracetracerdown", "metrics---metrics-addr-addr"} {
+	a := githubAnchors("# dnsrace\n```\n# not a heading\n```\n#### `DnsraceTracerDown`\n### Metrics (`--metrics-addr ADDR`)\n" +
+		"## Usage\n## Usage\n#include <x.h>\n  ```\n## indented fence\n  ```\n")
+	for _, want := range []string{"dnsrace", "dnsracetracerdown", "metrics---metrics-addr-addr", "usage", "usage-1"} {
 		if !a[want] {
 			t.Errorf("no anchor %q in %v", want, a)
 		}
 	}
-	if a["not-a-heading"] {
-		t.Error("a comment in a code block became a heading")
+	for _, not := range []string{"not-a-heading", "indented-fence", "include-xh"} {
+		if a[not] {
+			t.Errorf("%q became a heading: %v", not, a)
+		}
 	}
 }
 
