@@ -100,7 +100,7 @@ func (f *labFlags) register(fs *pflag.FlagSet, withDrive bool) {
 	fs.StringVar(&f.scenario, "scenario", "", "scenario name (see 'dnsrace lab scenarios'); required")
 	fs.StringVar(&f.prefix, "prefix", "dnsrace", "name prefix of the lab's namespaces")
 	fs.IntVar(&f.pods, "pods", 0, "number of pod namespaces (default: the scenario's)")
-	fs.IntVar(&f.backends, "backends", 2, "number of DNS backends behind the VIP")
+	fs.IntVar(&f.backends, "backends", 2, "number of DNS backends behind the VIP (default: the scenario's)")
 	fs.Var(&f.snatPorts, "snat-ports", "SNAT to this port range MIN-MAX (default: the scenario's)")
 	fs.BoolVar(&f.randomFully, "random-fully", false, "SNAT with fully random port selection")
 	fs.StringVar(&f.server, "server", lab.ServerBuiltin, "DNS backends: builtin (Go, can misbehave on purpose) or dnsmasq (real dnsmasq, must be installed)")
@@ -131,7 +131,9 @@ func (f *labFlags) resolve(fs *pflag.FlagSet) (lab.Scenario, lab.Topology, error
 		pods = f.pods
 	}
 	t := sc.Topology(f.prefix, pods)
-	t.Backends = f.backends
+	if fs.Changed("backends") {
+		t.Backends = f.backends
+	}
 	if fs.Changed("snat-ports") {
 		t.SNAT, t.SNATPorts = true, f.snatPorts
 	}

@@ -81,20 +81,25 @@ func (l *Lab) DeletePod(i int) error {
 // runtime lets the namespace go: the pod is off the bridge at once,
 // whatever holds its namespace.
 func (l *Lab) UnplugPod(i int) error {
-	node, nodeNS, err := handle(l.Topology.NodeNS())
+	if err := unplug(l.Topology.NodeNS(), podLink(i)); err != nil {
+		return fmt.Errorf("unplugging pod %d: %w", i, err)
+	}
+	return nil
+}
+
+// unplug deletes the node's end of a pod's veth (the pod's end goes with it).
+func unplug(nodeNS, link string) error {
+	node, h, err := handle(nodeNS)
 	if err != nil {
 		return err
 	}
 	defer node.Close()
-	defer nodeNS.Close()
-	v, err := node.LinkByName(podLink(i))
+	defer h.Close()
+	v, err := node.LinkByName(link)
 	if err != nil {
-		return fmt.Errorf("unplugging pod %d: %w", i, err)
+		return err
 	}
-	if err := node.LinkDel(v); err != nil {
-		return fmt.Errorf("unplugging pod %d: %w", i, err)
-	}
-	return nil
+	return node.LinkDel(v)
 }
 
 // podLink is pod i's veth on the node's bridge.

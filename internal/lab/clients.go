@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/netip"
 	"os/exec"
 	"runtime"
 	"sync"
@@ -110,13 +111,22 @@ type clientParams struct {
 	stalled    *atomic.Bool // see ClientReport.stalled
 }
 
+// name is what the pod's k-th lookup asks: its own name, or with shared
+// names the k-th of them (every pod asks the same ones in turn).
+func (p clientParams) name(k int) string {
+	if n := p.topo.SharedNames; n > 0 {
+		return QName(k % n)
+	}
+	return QName(p.pod)
+}
+
 // runClient drives one pod's resolver: it starts lookups until stop ends and
 // lets the one in flight finish unless ctx ends first. Stalled lookups take
 // several timeouts; cutting them at the end of the window would hide
 // exactly the stalls the lab is there to show.
 func runClient(ctx, stop context.Context, p clientParams) *ClientReport {
 	rep := &ClientReport{
-		Pod: p.pod, NetNS: p.topo.PodNS(p.pod), Resolver: p.resolver, QName: QName(p.pod),
+		Pod: p.pod, NetNS: p.topo.PodNS(p.pod), Resolver: p.resolver, QName: p.name(0),
 		unit: stallUnit(p.resolver, p.timeout), stalled: p.stalled,
 	}
 	var err error
@@ -150,7 +160,7 @@ func runGlibc(ctx, stop context.Context, p clientParams, rep *ClientReport) {
 		defer t.Stop()
 	}
 	for stop.Err() == nil {
-		cmd := nsutil.Command(ctx, rep.NetNS, "getent", "ahosts", rep.QName)
+		cmd := nsutil.Command(ctx, rep.NetNS, "getent", "ahosts", p.name(rep.Lookups+rep.Crashed))
 		t0 := time.Now()
 		mu.Lock()
 		exited, err := nsutil.Start(cmd)
@@ -184,14 +194,14 @@ func newQuery(name string, qtype uint16) []byte {
 }
 
 // udpSocket makes a UDP socket in the calling thread's namespace, bound to
-// an ephemeral port and, when connect is set, connected to the VIP.
-func udpSocket(connect bool) (int, error) {
+// an ephemeral port and, when connect is set, connected to port 53 of to.
+func udpSocket(connect bool, to netip.Addr) (int, error) {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
 	}
 	if connect {
-		if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: VIP.As4(), Port: 53}); err != nil {
+		if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: to.As4(), Port: 53}); err != nil {
 			unix.Close(fd)
 			return -1, err
 		}
@@ -262,12 +272,12 @@ func runPair(ctx, stop context.Context, p clientParams, rep *ClientReport) error
 			}
 		}(i, jobs[i])
 	}
-	a, aaaa := newQuery(rep.QName, dns.TypeA), newQuery(rep.QName, dns.TypeAAAA)
 	for stop.Err() == nil && ctx.Err() == nil {
-		fd, err := udpSocket(true)
+		fd, err := udpSocket(true, p.topo.Nameserver())
 		if err != nil {
 			return err
 		}
+		a, aaaa := newQuery(p.name(rep.Pairs), dns.TypeA), newQuery(p.name(rep.Pairs), dns.TypeAAAA)
 		idA, idAAAA := uint16(rep.Pairs*2), uint16(rep.Pairs*2+1)
 		a[0], a[1] = byte(idA>>8), byte(idA)
 		aaaa[0], aaaa[1] = byte(idAAAA>>8), byte(idAAAA)
@@ -299,15 +309,16 @@ func runPair(ctx, stop context.Context, p clientParams, rep *ClientReport) error
 // sent with sendto back to back, unanswered ones resent every retry
 // interval until the timeout.
 func runMusl(ctx, stop context.Context, p clientParams, rep *ClientReport) error {
-	dst := &unix.SockaddrInet4{Addr: VIP.As4(), Port: 53}
+	dst := &unix.SockaddrInet4{Addr: p.topo.Nameserver().As4(), Port: 53}
 	retry := p.timeout / 2
 	for stop.Err() == nil && ctx.Err() == nil {
-		fd, err := udpSocket(false)
+		fd, err := udpSocket(false, netip.Addr{})
 		if err != nil {
 			return err
 		}
 		id := uint16(rep.Lookups * 2)
-		qs := map[uint16][]byte{id: newQuery(rep.QName, dns.TypeA), id + 1: newQuery(rep.QName, dns.TypeAAAA)}
+		name := p.name(rep.Lookups)
+		qs := map[uint16][]byte{id: newQuery(name, dns.TypeA), id + 1: newQuery(name, dns.TypeAAAA)}
 		want := map[uint16]bool{id: true, id + 1: true}
 		t0 := time.Now()
 		for time.Since(t0) < p.timeout && len(want) > 0 && ctx.Err() == nil {
@@ -341,7 +352,7 @@ func runGo(ctx, stop context.Context, p clientParams, rep *ClientReport) error {
 		for range qtypes {
 			var f [attempts]int
 			for a := range f {
-				fd, err := udpSocket(true)
+				fd, err := udpSocket(true, p.topo.Nameserver())
 				if err != nil {
 					for _, g := range fds {
 						closeAll(g[:])
@@ -354,6 +365,7 @@ func runGo(ctx, stop context.Context, p clientParams, rep *ClientReport) error {
 			fds = append(fds, f)
 		}
 		var wg sync.WaitGroup
+		name := p.name(rep.Lookups)
 		results := make([]bool, len(qtypes))
 		for i, qt := range qtypes {
 			wg.Add(1)
@@ -361,7 +373,7 @@ func runGo(ctx, stop context.Context, p clientParams, rep *ClientReport) error {
 				defer wg.Done()
 				defer closeAll(fds[i][:])
 				for a := 0; a < attempts && ctx.Err() == nil; a++ {
-					q := newQuery(rep.QName, qt)
+					q := newQuery(name, qt)
 					id := uint16(rep.Lookups*4 + a*2 + i)
 					q[0], q[1] = byte(id>>8), byte(id)
 					if _, err := unix.Write(fds[i][a], q); err != nil {

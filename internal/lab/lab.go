@@ -9,6 +9,9 @@ import (
 type Lab struct {
 	Topology Topology
 	servers  *servers
+	cache    *cacheProc
+	// active are the backends the VIP is DNATed to.
+	active []int
 }
 
 // Up builds the topology and starts one DNS server per backend, configured
@@ -42,11 +45,19 @@ func up(t Topology, srv ServerConfig, failStep string) (l *Lab, err error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Lab{Topology: t, servers: s}, nil
+	l = &Lab{Topology: t, servers: s, active: allBackends(t)}
+	if t.Cache != "" {
+		if l.cache, err = startCache(t); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
+	return l, nil
 }
 
 // Down stops the servers and tears the lab down.
 func (l *Lab) Down() error {
+	l.cache.stop()
 	if l.servers != nil {
 		l.servers.close()
 	}

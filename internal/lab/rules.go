@@ -64,7 +64,13 @@ func installRules(t Topology) error {
 	}
 	defer c.CloseLasting()
 	tbl := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName})
-	if !t.LocalNAT {
+	switch {
+	case t.LocalNAT:
+	case t.Cache == CacheNode:
+		// The node's own cache asks the VIP: kube-proxy's rules for
+		// host processes DNAT it on OUTPUT.
+		addNAT(c, tbl, t, nftables.ChainHookOutput, "to-dns", NodeUplink.Addr())
+	default:
 		addNAT(c, tbl, t, nftables.ChainHookPrerouting, "to-dns", NodeUplink.Addr())
 	}
 	fwd := c.AddChain(&nftables.Chain{
@@ -125,42 +131,29 @@ func installPodNAT(t Topology, i int) error {
 
 // addNAT adds kube-proxy's DNAT of the VIP on hook dnatHook (prerouting on
 // the node, output in a sender's own namespace) and, when t.SNAT is set, an
-// SNAT to snatAddr:t.SNATPorts for queries leaving through oif. Both NAT
-// chains are made either way, as kube-proxy does.
+// SNAT to snatAddr:t.SNATPorts for queries leaving through oif. Backends
+// that are pods on the node's bridge are always SNATed to the bridge's
+// address (the full port range unless t.SNAT narrows it), so their answers
+// come back through the node. Both NAT chains are made either way, as
+// kube-proxy does.
 func addNAT(c *nftables.Conn, tbl *nftables.Table, t Topology, dnatHook *nftables.ChainHook, oif string, snatAddr netip.Addr) {
-	name := "prerouting"
-	if dnatHook == nftables.ChainHookOutput {
-		name = "output"
-	}
 	dnat := c.AddChain(&nftables.Chain{
-		Name: name, Table: tbl, Type: nftables.ChainTypeNAT,
+		Name: dnatChainName(t), Table: tbl, Type: nftables.ChainTypeNAT,
 		Hooknum: dnatHook, Priority: nftables.ChainPriorityNATDest,
 	})
-	// kube-proxy (iptables mode) style: endpoint i is taken with
-	// probability 1/(K-i) among those left, so each new flow picks a
-	// backend uniformly at random, and two packets of one not yet
-	// confirmed flow may pick different ones.
-	for i := 0; i < t.Backends; i++ {
-		ex := append(ip4Daddr(VIP.As4()), udpPort(2, 53)...)
-		if left := t.Backends - i; left > 1 {
-			ex = append(ex,
-				&expr.Numgen{Register: 1, Modulus: uint32(left), Type: unix.NFT_NG_RANDOM},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
-			)
-		}
-		b := BackendAddr(i).As4()
-		ex = append(ex,
-			&expr.Immediate{Register: 1, Data: b[:]},
-			&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(t.Port())},
-			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
-		)
-		c.AddRule(&nftables.Rule{Table: tbl, Chain: dnat, Exprs: ex})
-	}
+	addDNAT(c, tbl, dnat, t, allBackends(t))
 	post := c.AddChain(&nftables.Chain{
 		Name: "postrouting", Table: tbl, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource,
 	})
-	if !t.SNAT {
+	ports := t.SNATPorts
+	switch {
+	case t.BackendPods:
+		oif, snatAddr = "br0", PodGateway.Addr()
+		if !t.SNAT {
+			ports = PortRange{1024, 65535}
+		}
+	case !t.SNAT:
 		return
 	}
 	a := snatAddr.As4()
@@ -172,8 +165,8 @@ func addNAT(c *nftables.Conn, tbl *nftables.Table, t Topology, dnatHook *nftable
 	ex = append(ex, udpPort(2, t.Port())...)
 	ex = append(ex,
 		&expr.Immediate{Register: 1, Data: a[:]},
-		&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(t.SNATPorts.Min)},
-		&expr.Immediate{Register: 3, Data: binaryutil.BigEndian.PutUint16(t.SNATPorts.Max)},
+		&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(ports.Min)},
+		&expr.Immediate{Register: 3, Data: binaryutil.BigEndian.PutUint16(ports.Max)},
 		&expr.NAT{
 			Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4,
 			RegAddrMin: 1, RegProtoMin: 2, RegProtoMax: 3, Specified: true,
@@ -181,6 +174,47 @@ func addNAT(c *nftables.Conn, tbl *nftables.Table, t Topology, dnatHook *nftable
 		},
 	)
 	c.AddRule(&nftables.Rule{Table: tbl, Chain: post, Exprs: ex})
+}
+
+// dnatChainName is the chain that DNATs the VIP: prerouting on the node,
+// output where the NAT is the sender's own (a pod's, or the node's for its
+// own cache).
+func dnatChainName(t Topology) string {
+	if t.LocalNAT || t.Cache == CacheNode {
+		return "output"
+	}
+	return "prerouting"
+}
+
+func allBackends(t Topology) []int {
+	b := make([]int, t.Backends)
+	for i := range b {
+		b[i] = i
+	}
+	return b
+}
+
+// addDNAT adds to chain the DNAT of the VIP to backends, kube-proxy
+// (iptables mode) style: endpoint i is taken with probability 1/(K-i)
+// among those left, so each new flow picks a backend uniformly at random,
+// and two packets of one not yet confirmed flow may pick different ones.
+func addDNAT(c *nftables.Conn, tbl *nftables.Table, chain *nftables.Chain, t Topology, backends []int) {
+	for k, i := range backends {
+		ex := append(ip4Daddr(VIP.As4()), udpPort(2, 53)...)
+		if left := len(backends) - k; left > 1 {
+			ex = append(ex,
+				&expr.Numgen{Register: 1, Modulus: uint32(left), Type: unix.NFT_NG_RANDOM},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+			)
+		}
+		b := t.backendTarget(i).As4()
+		ex = append(ex,
+			&expr.Immediate{Register: 1, Data: b[:]},
+			&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(t.Port())},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+		)
+		c.AddRule(&nftables.Rule{Table: tbl, Chain: chain, Exprs: ex})
+	}
 }
 
 func ifname(n string) []byte {

@@ -67,6 +67,12 @@ type Report struct {
 	Pairs           int    `json:"pairs,omitempty"`
 	PairsLost       int    `json:"pairs_lost,omitempty"`
 	AnswersLost     int    `json:"answers_lost,omitempty"`
+	// Event is the scenario's mid-run event, when it has one.
+	Event *EventReport `json:"event,omitempty"`
+	// StaleEntries counts, at the end, the node's conntrack entries for
+	// the VIP that still lead to a backend the VIP is no longer DNATed to
+	// (scenarios that replace a backend).
+	StaleEntries int `json:"stale_entries,omitempty"`
 	// Conntrack is the delta of the per-CPU conntrack counters, summed
 	// over NATNetNS; ConntrackByNetNS has each namespace's own delta.
 	Conntrack        ctstats.Counters `json:"conntrack"`
@@ -79,6 +85,13 @@ type Report struct {
 	Servers          dnsserver.Stats `json:"servers"`
 	Clients          []*ClientReport `json:"clients"`
 	Expectation      Expectation     `json:"expectation"`
+}
+
+// EventReport is when a scenario's event happened, and how it went.
+type EventReport struct {
+	Name  string  `json:"name"`
+	AtS   float64 `json:"at_s"`
+	Error string  `json:"error,omitempty"`
 }
 
 // NetNSConntrack is one namespace's conntrack counter delta.
@@ -158,6 +171,23 @@ func (l *Lab) Drive(ctx context.Context, cfg DriveConfig) (*Report, error) {
 	hard, cancelHard := context.WithTimeout(ctx, window+4*cfg.ResolverTimeout+time.Second)
 	defer cancelHard()
 	var wg sync.WaitGroup
+	if ev := cfg.Scenario.Event; ev != nil {
+		rep.Event = &EventReport{Name: ev.Name}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-stop.Done():
+				rep.Event.Error = "the clients stopped before it"
+				return
+			case <-time.After(ev.After):
+			}
+			rep.Event.AtS = time.Since(rep.Started).Seconds()
+			if err := ev.Do(l); err != nil {
+				rep.Event.Error = err.Error()
+			}
+		}()
+	}
 	rep.Clients = make([]*ClientReport, t.Pods)
 	for i := range t.Pods {
 		wg.Add(1)
@@ -183,6 +213,11 @@ func (l *Lab) Drive(ctx context.Context, cfg DriveConfig) (*Report, error) {
 		rep.Conntrack.Add(d)
 		rep.ConntrackEntries += after.ct[i].Entries
 		rep.ConntrackMax = after.ct[i].Max
+	}
+	if t.BackendPods {
+		if rep.StaleEntries, err = staleEntries(t, l.active); err != nil {
+			return nil, err
+		}
 	}
 	rep.NodeUDP = after.nodeUDP.sub(before.nodeUDP)
 	rep.PodUDP = after.podUDP.sub(before.podUDP)

@@ -24,6 +24,16 @@ type Scenario struct {
 	FillTable bool
 	// Check returns the expectations a report does not meet.
 	Check func(r *Report) []string
+	// Event, if set, happens to the lab while the clients run.
+	Event *Event
+}
+
+// Event is something done to a standing lab mid-run, as a node sees a
+// rollout: After the clients started, Do.
+type Event struct {
+	Name  string
+	After time.Duration
+	Do    func(*Lab) error
 }
 
 func want(fails *[]string, ok bool, format string, args ...any) {
@@ -154,6 +164,54 @@ var Scenarios = []Scenario{
 			t.LocalNAT, t.SNAT, t.SNATPorts, t.UDPTimeout = true, true, PortRange{10000, 10015}, 1
 		},
 		Check: raceLost,
+	},
+	{
+		Name:     "cache-race",
+		Summary:  "pods ask a dnsmasq cache pod that forwards to the VIP through a 16-port SNAT: its upstream queries clash",
+		Expect:   "insert_failed > 0 on the node, lookups stall though no pod query is dropped",
+		Resolver: ResolverGlibc, Pods: 4, Duration: 20 * time.Second,
+		Shape: func(t *Topology) {
+			t.Cache, t.SharedNames = CachePod, 2
+			t.SNAT, t.SNATPorts, t.UDPTimeout = true, PortRange{10000, 10015}, 1
+		},
+		Check: func(r *Report) (f []string) {
+			want(&f, r.Stalls >= 1, "stalls = %d, want >= 1", r.Stalls)
+			want(&f, r.Conntrack.InsertFailed > 0, "insert_failed = %d, want > 0", r.Conntrack.InsertFailed)
+			return f
+		},
+	},
+	{
+		Name:     "node-cache",
+		Summary:  "pods ask a dnsmasq cache in the node's own namespace; its upstream queries clash at LOCAL_OUT and get EPERM",
+		Expect:   "insert_failed > 0 on the node, dnsmasq resends at once: no lookup waits a timeout",
+		Resolver: ResolverGlibc, Pods: 4, Duration: 15 * time.Second,
+		Shape: func(t *Topology) {
+			t.Cache, t.SharedNames = CacheNode, 2
+			t.SNAT, t.SNATPorts, t.UDPTimeout = true, PortRange{10000, 10015}, 1
+		},
+		Check: func(r *Report) (f []string) {
+			want(&f, r.Conntrack.InsertFailed > 0, "insert_failed = %d, want > 0", r.Conntrack.InsertFailed)
+			want(&f, r.Stalls == 0, "stalls = %d, want 0 (a send refused with EPERM is resent at once)", r.Stalls)
+			return f
+		},
+	},
+	{
+		Name:     "stale-backend",
+		Summary:  "a cache with one query port asks the VIP's one backend pod; the pod is replaced and conntrack not flushed",
+		Expect:   "after the switch the cache's queries still go to the gone backend: lookups stall, a stale entry stays",
+		Resolver: ResolverGlibc, Pods: 2, Duration: 20 * time.Second,
+		Shape: func(t *Topology) {
+			t.Cache, t.CacheQueryPort, t.SharedNames = CachePod, 5301, 2
+			t.BackendPods, t.Backends = true, 1
+		},
+		Event: &Event{Name: "backend 0 replaced by backend 1, conntrack not flushed", After: 5 * time.Second,
+			Do: func(l *Lab) error { return l.ReplaceBackend(0, 1) }},
+		Check: func(r *Report) (f []string) {
+			want(&f, r.Event != nil && r.Event.Error == "", "the backend was not replaced: %+v", r.Event)
+			want(&f, r.Stalls >= 1, "stalls = %d, want >= 1", r.Stalls)
+			want(&f, r.StaleEntries >= 1, "stale conntrack entries = %d, want >= 1", r.StaleEntries)
+			return f
+		},
 	},
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -34,16 +36,30 @@ type ServerConfig struct {
 }
 
 type servers struct {
+	cfg   ServerConfig
 	list  []*dnsserver.Server
 	procs []*exec.Cmd
 	exits []<-chan error
+	// byBackend: backend pods' servers (Topology.BackendPods).
+	byBackend map[int]*dnsserver.Server
 }
 
 func startServers(t Topology, cfg ServerConfig) (*servers, error) {
 	if cfg.Kind == ServerDnsmasq {
 		return startDnsmasq(t, cfg)
 	}
-	s := &servers{}
+	s := &servers{cfg: cfg, byBackend: map[int]*dnsserver.Server{}}
+	if t.BackendPods {
+		for i := 0; i < t.Backends; i++ {
+			srv, err := startBackendPod(t, i, cfg)
+			if err != nil {
+				s.close()
+				return nil, err
+			}
+			s.byBackend[i] = srv
+		}
+		return s, nil
+	}
 	err := nsutil.Do(t.DNSNS(), func() error {
 		for i := 0; i < t.Backends; i++ {
 			c := dnsserver.Config{
@@ -71,7 +87,7 @@ func startServers(t Topology, cfg ServerConfig) (*servers, error) {
 
 func (s *servers) stats() dnsserver.Stats {
 	var t dnsserver.Stats
-	for _, srv := range s.list {
+	for _, srv := range slices.Concat(s.list, slices.Collect(maps.Values(s.byBackend))) {
 		st := srv.Stats()
 		t.Received += st.Received
 		t.Answered += st.Answered
@@ -85,7 +101,10 @@ func (s *servers) close() {
 	for _, srv := range s.list {
 		srv.Close()
 	}
-	s.list = nil
+	for _, srv := range s.byBackend {
+		srv.Close()
+	}
+	s.list, s.byBackend = nil, nil
 	for i, c := range s.procs {
 		_ = c.Cancel()
 		<-s.exits[i]
@@ -122,7 +141,7 @@ func startDnsmasq(t Topology, cfg ServerConfig) (*servers, error) {
 	// dnsmasq binds at start; wait until every backend answers.
 	deadline := time.Now().Add(5 * time.Second)
 	for i := 0; i < t.Backends; i++ {
-		for !dnsmasqListening(t, netip.AddrPortFrom(BackendAddr(i), t.Port())) {
+		for !listening(t.DNSNS(), netip.AddrPortFrom(BackendAddr(i), t.Port())) {
 			if time.Now().After(deadline) {
 				s.close()
 				return nil, fmt.Errorf("dnsmasq on %s did not start listening", BackendAddr(i))
@@ -137,11 +156,11 @@ func dnsmasqCommand(ns string, argv ...string) *exec.Cmd {
 	return nsutil.Command(context.Background(), ns, argv...)
 }
 
-// dnsmasqListening reports whether something is bound to addr/udp in the
-// dns namespace (a bind test: it fails while the port is taken).
-func dnsmasqListening(t Topology, addr netip.AddrPort) bool {
+// listening reports whether something is bound to addr/udp in namespace
+// ns (a bind test: it fails while the port is taken).
+func listening(ns string, addr netip.AddrPort) bool {
 	taken := false
-	_ = nsutil.Do(t.DNSNS(), func() error {
+	_ = nsutil.Do(ns, func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return err

@@ -98,6 +98,20 @@ type Topology struct {
 	LocalNAT bool `json:"local_nat,omitempty"`
 	// ResolvOptions go on the pods' resolv.conf "options" line.
 	ResolvOptions []string `json:"resolv_options,omitempty"`
+	// Cache puts a dnsmasq cache between the pods and the VIP: CachePod
+	// (a pod of its own on the bridge) or CacheNode (in the node's own
+	// namespace); "" has the pods ask the VIP (cache.go).
+	Cache string `json:"cache,omitempty"`
+	// CacheQueryPort, when set, is the one source port of every upstream
+	// query of the cache (dnsmasq --query-port).
+	CacheQueryPort uint16 `json:"cache_query_port,omitempty"`
+	// BackendPods makes each backend a pod of its own on the node's
+	// bridge (backends.go), so one can be replaced mid-run.
+	BackendPods bool `json:"backend_pods,omitempty"`
+	// SharedNames, when set, has every pod ask the same SharedNames names
+	// in turn (a cache then joins their questions), instead of a name of
+	// its own.
+	SharedNames int `json:"shared_names,omitempty"`
 }
 
 func (t Topology) NodeNS() string     { return t.Prefix + "-node" }
@@ -122,7 +136,11 @@ func (t Topology) NATNamespaces() []string {
 	return []string{t.NodeNS()}
 }
 func (t Topology) namespaces() []string {
-	return append([]string{t.NodeNS(), t.DNSNS()}, t.podNames()...)
+	ns := append([]string{t.NodeNS(), t.DNSNS()}, t.podNames()...)
+	if t.Cache == CachePod {
+		ns = append(ns, t.CacheNS())
+	}
+	return ns
 }
 
 func (t Topology) podNames() []string {
@@ -146,6 +164,12 @@ func (t Topology) Validate() error {
 		return fmt.Errorf("SNAT port range %s is empty or reversed", t.SNATPorts)
 	case t.UDPTimeout < 0:
 		return fmt.Errorf("udp timeout %d: want >= 0", t.UDPTimeout)
+	case t.Cache != "" && t.Cache != CachePod && t.Cache != CacheNode:
+		return fmt.Errorf("cache %q: want %q or %q", t.Cache, CachePod, CacheNode)
+	case t.Cache != "" && t.LocalNAT:
+		return errors.New("a cache and NAT in the pods' own namespaces do not go together: the cache asks the VIP, not the pods")
+	case t.SharedNames < 0:
+		return fmt.Errorf("shared names %d: want >= 0", t.SharedNames)
 	}
 	return nil
 }
@@ -206,6 +230,7 @@ func build(t Topology, fail string) error {
 		{"namespaces", func() error { return createNamespaces(t) }},
 		{"links", func() error { return buildLinks(t) }},
 		{"sysctls", func() error { return setSysctls(t) }},
+		{"backends and cache", func() error { return buildExtras(t) }},
 		{"rules", func() error { return installRules(t) }},
 		{"resolv.conf", func() error { return writePodEtc(t) }},
 	}
@@ -383,6 +408,16 @@ func setSysctls(t Topology) error {
 	if err := writeSysctl(t.NodeNS(), "net.ipv4.ip_forward", "1"); err != nil {
 		return err
 	}
+	if t.Cache == CachePod || t.BackendPods {
+		// The node forwards between pods of its own bridge (the cache's
+		// query to a backend pod): an ICMP redirect would send the pod
+		// straight to the backend, past the DNAT.
+		for _, dev := range []string{"all", "br0"} {
+			if err := writeSysctl(t.NodeNS(), "net.ipv4.conf."+dev+".send_redirects", "0"); err != nil {
+				return err
+			}
+		}
+	}
 	if t.UDPTimeout > 0 {
 		// The conntrack sysctls exist once the rules below load conntrack
 		// in these namespaces; installRules sets them again after that.
@@ -405,7 +440,7 @@ func writePodEtc(t Topology) error {
 }
 
 func writeOnePodEtc(t Topology, pod string) error {
-	resolv := fmt.Sprintf("# written by dnsrace lab\nnameserver %s\n", VIP)
+	resolv := fmt.Sprintf("# written by dnsrace lab\nnameserver %s\n", t.Nameserver())
 	if len(t.ResolvOptions) > 0 {
 		resolv += "options " + strings.Join(t.ResolvOptions, " ") + "\n"
 	}
@@ -468,8 +503,12 @@ func ownedBy(prefix, name string) bool {
 	if !ok {
 		return false
 	}
-	if rest == "node" || rest == "dns" {
+	if rest == "node" || rest == "dns" || rest == "cache" {
 		return true
+	}
+	if n, ok := strings.CutPrefix(rest, "be"); ok && n != "" {
+		_, err := strconv.ParseUint(n, 10, 8)
+		return err == nil && (n == "0" || n[0] != '0')
 	}
 	n, ok := strings.CutPrefix(rest, "pod")
 	if !ok || n == "" {

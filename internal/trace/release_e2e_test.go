@@ -4,13 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/miekg/dns"
 
 	"github.com/dnsrace/dnsrace/internal/lab"
 	"github.com/dnsrace/dnsrace/internal/nsutil"
@@ -73,7 +69,7 @@ func TestTraceReleasesNamespaces(t *testing.T) {
 		if i < before {
 			continue
 		}
-		if err := askOnce(l.Topology.PodNS(i), lab.QName(i)); err != nil {
+		if err := lab.Ask(l.Topology.PodNS(i), lab.QName(i), 5*time.Second); err != nil {
 			t.Fatalf("pod %d: %v", i, err)
 		}
 		waitFor(t, 10*time.Second, fmt.Sprintf("the tracer to see pod %d's DNS tracked", i), func() bool {
@@ -145,33 +141,6 @@ func TestTraceReleasesNamespaces(t *testing.T) {
 	}
 	t.Logf("%d pods, lab conntrack %+v; summary: %d released, %d held, kernel %+v attributed %+v",
 		len(pods), rep.Conntrack, sum.NamespacesReleased, sum.NamespacesHeld, sum.Kernel, sum.Attributed)
-}
-
-// askOnce sends one A query for name from inside namespace ns to the lab's
-// VIP and waits for its answer.
-func askOnce(ns, name string) error {
-	return nsutil.Do(ns, func() error {
-		c, err := net.Dial("udp", netip.AddrPortFrom(lab.VIP, 53).String())
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		m := new(dns.Msg)
-		m.SetQuestion(name, dns.TypeA)
-		b, err := m.Pack()
-		if err != nil {
-			return err
-		}
-		if _, err := c.Write(b); err != nil {
-			return err
-		}
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		buf := make([]byte, 512)
-		if _, err := c.Read(buf); err != nil {
-			return fmt.Errorf("asking %s: %w", name, err)
-		}
-		return nil
-	})
 }
 
 // waitFor polls cond every 20 ms until it holds, or fails t after limit.
