@@ -1,6 +1,10 @@
 package correlate
 
-import "github.com/dnsrace/dnsrace/internal/event"
+import (
+	"strconv"
+
+	"github.com/dnsrace/dnsrace/internal/event"
+)
 
 // This file classifies: it gathers the evidence of each drop once it is
 // due (and of each dropped answer as it is seen), and hands it to the
@@ -30,7 +34,7 @@ type pendingDrop struct {
 func (c *Correlator) reason(v uint32) (r dropReason, shown string) {
 	r.value = v
 	if c.cfg.ReasonName == nil {
-		return r, "reason(" + itoa(int(v)) + ")"
+		return r, "reason(" + strconv.FormatUint(uint64(v), 10) + ")"
 	}
 	shown = c.cfg.ReasonName(v)
 	if isEnumName(shown) {
