@@ -68,18 +68,9 @@ func (c *Correlator) location(addr uint64) (sym, shown string) {
 func (c *Correlator) comm(b [16]byte) string {
 	e := &c.comms[(uint(b[0])+uint(b[1])*7+uint(b[2])*31+uint(b[3])*131)&(commSlots-1)]
 	if e.b != b || e.s == "" {
-		e.b, e.s = b, commString(b)
+		e.b, e.s = b, event.CommString(b)
 	}
 	return e.s
 }
 
 const commSlots = 16
-
-func commString(b [16]byte) string {
-	for i, ch := range b {
-		if ch == 0 {
-			return string(b[:i])
-		}
-	}
-	return string(b[:])
-}
