@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -102,7 +103,7 @@ func TestTraceTerminal(t *testing.T) {
 			}
 			labels = append(labels, strings.Fields(d)[0])
 		}
-		if len(labels) < 3 || labels[0] != "lost" || !contains(labels, "query") || !contains(labels, "retry") {
+		if len(labels) < 3 || labels[0] != "lost" || !slices.Contains(labels, "query") || !slices.Contains(labels, "retry") {
 			t.Errorf("details under %q: %v\n%s", l, labels, s)
 		}
 		if len(l) > 120 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -52,7 +53,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	h := &harness{cfg: cfg, topo: topo}
 	var cases []Case
 	for _, c := range Cases {
-		if len(cfg.Cases) == 0 || contains(cfg.Cases, c.Name) {
+		if len(cfg.Cases) == 0 || slices.Contains(cfg.Cases, c.Name) {
 			cases = append(cases, c)
 		}
 	}
@@ -96,15 +97,6 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	return res, ctx.Err()
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // addSinkAddr gives the dns namespace's eth0 SinkAddr.
