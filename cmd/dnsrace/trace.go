@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -125,7 +124,8 @@ func (f *traceFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.showResolved, "show-resolved", false, "list every race the kernel rescued (text output; by default they are summed up per pod every 10 s)")
 }
 
-// probeOptions checks the flags and the machine and returns probe options.
+// probeOptions checks the flags, and the files they name, and returns probe
+// options. Kernel BTF is the loader's to check (probe.Open).
 func (f *traceFlags) probeOptions() (probe.Options, error) {
 	var o probe.Options
 	if len(f.ports) == 0 || len(f.ports) > probe.MaxPorts {
@@ -167,8 +167,6 @@ func (f *traceFlags) probeOptions() (probe.Options, error) {
 			return o, usagef("--kernel-btf: %v", err)
 		}
 		o.KernelBTF = f.kernelBTF
-	} else if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
-		return o, errors.New("this kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): dnsrace needs CONFIG_DEBUG_INFO_BTF=y, or pass --kernel-btf FILE with this kernel's BTF")
 	}
 	return o, nil
 }
