@@ -125,22 +125,22 @@ type Correlator struct {
 	// between CPUs' records: a tick takes them off the front without
 	// copying the rest (a flood of drops holds tens of thousands).
 	drops     fifo[pendingDrop]
-	direct    []bool         // classifyDue's scratch
-	evidence  evidence       // decide's scratch
-	compactAt uint64         // when Tick next gives the drops' memory back
-	opens     map[*open]bool // stalls in progress
-	// openLow is at most lastAttempt of every stall in progress (their
+	direct    []bool          // classifyDue's scratch
+	evidence  evidence        // decide's scratch
+	compactAt uint64          // when Tick next gives the drops' memory back
+	stalls    map[*stall]bool // stalls in progress
+	// stallLow is at most lastAttempt of every stall in progress (their
 	// earliest as of the last walk): expire walks
-	// opens only once one may be past QueryTTL. A walk at every tick cost
+	// stalls only once one may be past QueryTTL. A walk at every tick cost
 	// a flood of drops, which keeps MaxStalls stalls open, a cache miss
 	// per stall: 7% of the tracer's CPU in dnsrace bench's loopback flood.
-	openLow uint64
-	// openLog is opens by opening, oldest first, for the cap; closed
+	stallLow uint64
+	// stallLog is stalls by opening, oldest first, for the cap; closed
 	// ones leave it lazily.
-	openLog fifo[*open]
+	stallLog fifo[*stall]
 	// waiting: stalls waiting for their retry's attempt to end (some
 	// already ended, or gone on; endAttempts drops them).
-	waiting []*open
+	waiting []*stall
 	// pendFrom: no query before this place in the order log (seq) waits
 	// for its answer (oldestPending).
 	pendFrom uint64
@@ -175,7 +175,7 @@ type Correlator struct {
 func New(cfg Config) *Correlator {
 	cfg.defaults()
 	return &Correlator{cfg: cfg, seed: maphash.MakeSeed(), ix: newIndex(),
-		opens: map[*open]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned)}
+		stalls: map[*stall]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned)}
 }
 
 // Stats are the correlator's own counts.
@@ -213,7 +213,7 @@ func (c *Correlator) OldestOpen() uint64 {
 			oldest = t
 		}
 	}
-	for o := range c.opens {
+	for o := range c.stalls {
 		take(o.firstNs)
 	}
 	if q := c.oldestPending(); q != nil {
@@ -413,20 +413,20 @@ func (c *Correlator) expire(now uint64) {
 		c.ix.forget(q)
 	}
 	c.ix.compact()
-	if len(c.opens) > 0 && c.openLow+ttl <= now {
+	if len(c.stalls) > 0 && c.stallLow+ttl <= now {
 		low := uint64(math.MaxUint64)
-		for o := range c.opens {
+		for o := range c.stalls {
 			if at := c.lastAttempt(o); at+ttl <= now {
 				c.finish(o, now)
 			} else {
 				low = min(low, at)
 			}
 		}
-		c.openLow = low
+		c.stallLow = low
 	}
-	if c.openLog.len() > 2*len(c.opens)+1024 {
-		c.openLog.keep(func(o *open) bool { return c.opens[o] })
-		c.openLog.compact()
+	if c.stallLog.len() > 2*len(c.stalls)+1024 {
+		c.stallLog.keep(func(o *stall) bool { return c.stalls[o] })
+		c.stallLog.compact()
 	}
 	for k, t := range c.counted {
 		if t+lossWindow <= now {
@@ -460,7 +460,7 @@ func (c *Correlator) Close(now uint64) {
 		}
 	}
 	end := max(now, c.lastNs)
-	for o := range c.opens {
+	for o := range c.stalls {
 		c.finish(o, end)
 	}
 }

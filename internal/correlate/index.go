@@ -157,8 +157,8 @@ func nameOf(netns uint32, name uint64) nameKey {
 // nameState is what a name in a namespace has going on: its unanswered
 // queries, oldest first, and its stall in progress.
 type nameState struct {
-	pend pendList
-	open *open
+	pend  pendList
+	stall *stall
 }
 
 // pendList is a doubly linked list of queries through prevPending and
@@ -329,7 +329,7 @@ func (ix *index) nameOfQuery(q *query) *nameState {
 
 // dropName forgets the name state of key k once nothing is going on.
 func (ix *index) dropName(k nameKey, s *nameState) {
-	if s.pend.head != nil || s.open != nil {
+	if s.pend.head != nil || s.stall != nil {
 		return
 	}
 	ix.names.del(uint64(k))
