@@ -58,7 +58,7 @@ func (c *Correlator) answerDropped(e *event.Event) {
 	var reason, loc string
 	ev.reason, reason = c.reason(e.Reason)
 	ev.symbol, loc = c.location(e.Location)
-	x := q.extra()
+	x := q.extraForWrite()
 	x.replyCause, x.replyReason, x.replyLoc, x.replyNS = decide(ev).cause, reason, loc, e.NetNS
 }
 
@@ -69,7 +69,7 @@ func (c *Correlator) rcvbufFull(e *event.Event) {
 	*ev = evidence{seen: seenRcvbufHook}
 	rule := decide(ev)
 	mark := func(q *query) {
-		x := q.extra()
+		x := q.extraForWrite()
 		x.replyCause, x.replyReason, x.replyNS = rule.cause, rule.shownReason, e.NetNS
 	}
 	if q := c.ix.lookup(e.QID); q != nil {
@@ -122,7 +122,7 @@ func (c *Correlator) isDirect(d *pendingDrop) bool {
 		return true
 	}
 	q := c.ix.lookup(d.qid)
-	return q != nil && (q.ext().confirmDrop || q.ext().winnerCT.Ptr != 0)
+	return q != nil && (q.extraForRead().confirmDrop || q.extraForRead().winnerCT.Ptr != 0)
 }
 
 // budget returns how many more packets of a kind the kernel counted in ns
@@ -177,7 +177,7 @@ func (c *Correlator) classify(d *pendingDrop) {
 	if q == nil || (q.state != statePending && q.state != stateUnwatched) {
 		return
 	}
-	x := q.ext()
+	x := q.extraForRead()
 	var dw event.CT
 	if d.winner != nil {
 		dw = *d.winner
@@ -206,7 +206,7 @@ func (c *Correlator) classify(d *pendingDrop) {
 	q.nodeNS = d.netns
 	if rule.raced {
 		p.Race = raceKind(d.ct, winner)
-		qx := q.extra()
+		qx := q.extraForWrite()
 		qx.race = p.Race
 		if winner.Ptr != 0 {
 			qx.winner = c.flowOf(winner, wqid)

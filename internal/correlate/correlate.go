@@ -309,7 +309,7 @@ func (c *Correlator) Handle(e *event.Event) {
 		c.drops.push(d)
 	case event.KindConfirmDrop:
 		if q := c.ix.lookup(e.QID); q != nil {
-			x := q.extra()
+			x := q.extraForWrite()
 			x.confirmDrop = true
 			if e.Flags&event.FlagWinner != 0 {
 				x.winnerCT = e.Winner
@@ -317,7 +317,7 @@ func (c *Correlator) Handle(e *event.Event) {
 		}
 	case event.KindWinner:
 		if q := c.ix.lookup(e.QID); q != nil {
-			x := q.extra()
+			x := q.extraForWrite()
 			x.winnerCT, x.winnerQID = e.Winner, e.WinnerQID
 			if x.winner == nil && q.state == stateLost {
 				x.winner = c.flowOf(e.Winner, e.WinnerQID)
@@ -455,7 +455,7 @@ func (c *Correlator) evictOldest(keep int) {
 func (c *Correlator) Close(now uint64) {
 	c.classifyDue(0, true)
 	for i := range c.ix.order.len() {
-		if q := *c.ix.order.at(i); q.state == statePending && !q.dead && (q.ext().replyCause != "" || now >= q.sentNs+uint64(c.cfg.ResolverTimeout)) {
+		if q := *c.ix.order.at(i); q.state == statePending && !q.dead && (q.extraForRead().replyCause != "" || now >= q.sentNs+uint64(c.cfg.ResolverTimeout)) {
 			c.markLost(q, c.unansweredLoss(q))
 		}
 	}

@@ -79,16 +79,18 @@ type queryExtra struct {
 	replyNS     uint32
 }
 
-// extra returns q's extra part, allocating it on first use.
-func (q *query) extra() *queryExtra {
+// extraForWrite returns q's extra part to fill in, allocating it on first
+// use.
+func (q *query) extraForWrite() *queryExtra {
 	if q.x == nil {
 		q.x = &queryExtra{}
 	}
 	return q.x
 }
 
-// ext returns q's extra part or a zero one (read only).
-func (q *query) ext() *queryExtra {
+// extraForRead returns q's extra part, or a zero one when it has none (not
+// to be written: it is shared).
+func (q *query) extraForRead() *queryExtra {
 	if q.x == nil {
 		return &noExtra
 	}

@@ -273,7 +273,7 @@ func (c *Correlator) endAttempts(now uint64) {
 // dropped: its answer was dropped, or nothing local saw it at all.
 func (c *Correlator) unansweredLoss(q *query) Packet {
 	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs}
-	if x := q.ext(); x.replyCause != "" {
+	if x := q.extraForRead(); x.replyCause != "" {
 		// decided when the answer's drop was seen
 		p.Cause, p.Reason, p.Location, p.NetNS = x.replyCause, x.replyReason, x.replyLoc, x.replyNS
 		return p
@@ -444,12 +444,12 @@ func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
 		inc.StallMs = &ms
 	}
 	first := o.queries[0]
-	if inc.Race == nil && first.ext().race != "" {
-		r := first.ext().race
+	if inc.Race == nil && first.extraForRead().race != "" {
+		r := first.extraForRead().race
 		inc.Race = &r
 	}
 	for _, q := range o.queries {
-		if w := q.ext().winner; w != nil {
+		if w := q.extraForRead().winner; w != nil {
 			inc.Winner = w
 			break
 		}
