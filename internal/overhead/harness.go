@@ -37,7 +37,7 @@ const SinkPort = 9999
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cfg.defaults()
 	if cfg.Exe == "" {
-		return nil, errors.New("perf: Config.Exe (a dnsrace binary) is required")
+		return nil, errors.New("starting the harness: Config.Exe (a dnsrace binary) is required")
 	}
 	res := &Result{Kernel: kconfig.Release(), CPUs: runtime.NumCPU(), Tier: cfg.Attach, Duration: cfg.Duration.Seconds()}
 	topo := lab.Topology{Prefix: cfg.Prefix, Pods: 2, Backends: 2}
@@ -104,7 +104,7 @@ func addSinkAddr(ns string) error {
 	return nsutil.Do(ns, func() error {
 		link, err := netlink.LinkByName("eth0")
 		if err != nil {
-			return fmt.Errorf("dns namespace eth0: %w", err)
+			return fmt.Errorf("finding eth0 of the dns namespace: %w", err)
 		}
 		a := &netlink.Addr{IPNet: netlink.NewIPNet(SinkAddr.AsSlice())}
 		a.IPNet.Mask = []byte{255, 255, 255, 0}

@@ -31,7 +31,7 @@ func StartSink(ns string, addr netip.AddrPort, answer bool, workers int) (*Sink,
 	}
 	fd, err := udpSocket(ns, addr, netip.AddrPort{})
 	if err != nil {
-		return nil, fmt.Errorf("sink: %w", err)
+		return nil, fmt.Errorf("opening the sink's socket: %w", err)
 	}
 	s := &Sink{fd: fd}
 	for range workers {
