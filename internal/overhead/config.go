@@ -28,7 +28,7 @@ type Config struct {
 	// Sockets per flood (default 2).
 	Sockets int
 	// Rates is the capacity ladder in DNS queries per second; the search
-	// stops after the first rate that loses events.
+	// stops after the first rate that loses records.
 	Rates []int
 	// Cases limits the per-packet cost cases by name (empty: all).
 	Cases []string

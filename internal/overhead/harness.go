@@ -287,13 +287,13 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 			busy[kind] += m.busy.Seconds()
 			switch kind {
 			case hooksOnly:
-				r.EventsLost += m.sum.EventsLost // none: nothing is sent
+				r.RecordsLost += m.sum.EventsLost // none: nothing is sent
 			case traced:
 				cpu += m.cpu.Seconds()
 				cpuS += m.cpuSecs
-				r.Events += m.sum.Events
-				r.EventBytes += m.sum.EventBytes
-				r.EventsLost += m.sum.EventsLost
+				r.Records += m.sum.Events
+				r.RecordBytes += m.sum.EventBytes
+				r.RecordsLost += m.sum.EventsLost
 				r.Skipped += m.sum.Skipped()
 				r.Answered += m.sum.Queries.Answered
 				if c.DNS {
@@ -312,7 +312,7 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 		}
 	}
 	r.Untraced, r.Traced = units[untraced]/secs[untraced], units[traced]/secs[traced]
-	r.Invalid = r.EventsLost > 0 || r.Unfollowed*100 > answers
+	r.Invalid = r.RecordsLost > 0 || r.Unfollowed*100 > answers
 	if r.Untraced > 0 && !r.Invalid {
 		r.Ratio = r.Traced / r.Untraced
 		r.RatioRange = roundRatios(r.UntracedPPS, r.TracedPPS)
@@ -332,8 +332,8 @@ func (h *harness) cost(ctx context.Context, c Case) (CaseResult, error) {
 		r.TracerCPU = cpu / cpuS
 	}
 	if r.Answered > 0 {
-		r.RecordsPerQuery = float64(r.Events) / float64(r.Answered)
-		r.BytesPerQuery = float64(r.EventBytes) / float64(r.Answered)
+		r.RecordsPerQuery = float64(r.Records) / float64(r.Answered)
+		r.BytesPerQuery = float64(r.RecordBytes) / float64(r.Answered)
 	}
 	return r, nil
 }
@@ -371,15 +371,15 @@ func (h *harness) step(ctx context.Context, rate int) (Step, error) {
 	st.Sent = float64(m.flood.Sent) / m.secs
 	st.Received = float64(m.received) / m.secs
 	st.Answers = float64(m.flood.Answers) / m.secs
-	st.Events, st.Bytes, st.Lost, st.Skipped = m.sum.Events, m.sum.EventBytes, m.sum.EventsLost, m.sum.Skipped()
-	st.EventsPS = float64(m.sum.Events) / m.secs
+	st.Records, st.RecordBytes, st.Lost, st.Skipped = m.sum.Events, m.sum.EventBytes, m.sum.EventsLost, m.sum.Skipped()
+	st.RecordsPS = float64(m.sum.Events) / m.secs
 	st.Queries, st.Answered = m.sum.Queries.Queries, m.sum.Queries.Answered
 	st.Incidents = m.incidents
 	st.TracerCPU = m.cpu.Seconds() / m.cpuSecs
 	st.RSS, st.PeakRSS = m.rss, m.hwm
 	st.Reached = st.Sent >= 0.95*float64(rate)
-	h.logf("  capacity %7d/s: sent %.0f/s, received %.0f/s, answers %.0f/s, events %d (%.0f/s), lost %d, tracer %.2f cores, RSS %.1f MB",
-		rate, st.Sent, st.Received, st.Answers, st.Events, st.EventsPS, st.Lost, st.TracerCPU, float64(st.RSS)/1e6)
+	h.logf("  capacity %7d/s: sent %.0f/s, received %.0f/s, answers %.0f/s, records %d (%.0f/s), lost %d, tracer %.2f cores, RSS %.1f MB",
+		rate, st.Sent, st.Received, st.Answers, st.Records, st.RecordsPS, st.Lost, st.TracerCPU, float64(st.RSS)/1e6)
 	return st, nil
 }
 

@@ -16,7 +16,7 @@ func WriteText(w io.Writer, r *Result) {
 		for _, c := range r.Cases {
 			ratio, mark := fmt.Sprintf("%.3f", c.Ratio), "ok"
 			switch {
-			case c.Invalid && c.EventsLost == 0:
+			case c.Invalid && c.RecordsLost == 0:
 				ratio, mark = "invalid", "unmatched"
 			case c.Invalid:
 				ratio, mark = "invalid", "lost"
@@ -28,7 +28,7 @@ func WriteText(w io.Writer, r *Result) {
 				perQ = fmt.Sprintf("%.0f", c.BytesPerQuery)
 			}
 			fmt.Fprintf(w, "%-13s %12.0f %12.0f %-9s >=%.2f %-6s %8.2f c %10d %9d %8s\n",
-				c.Name, c.Untraced, c.Traced, ratio, c.Target, mark, c.TracerCPU, c.Events, c.EventsLost, perQ)
+				c.Name, c.Untraced, c.Traced, ratio, c.Target, mark, c.TracerCPU, c.Records, c.RecordsLost, perQ)
 		}
 		fmt.Fprintln(w, "(a case whose traced rounds lost records, or whose answers the tracer did not follow to their queries, has no ratio: the tracer shed work)")
 		for _, c := range r.Cases {
@@ -73,7 +73,7 @@ func WriteText(w io.Writer, r *Result) {
 		fmt.Fprintf(w, "%9s %10s %10s %10s %10s %8s %9s %9s %8s\n", "rate", "sent/s", "recv/s", "answers/s", "records/s", "lost", "queries", "CPU", "RSS MB")
 		for _, s := range r.Capacity {
 			fmt.Fprintf(w, "%9d %10.0f %10.0f %10.0f %10.0f %8d %9d %7.2f c %8.1f\n",
-				s.Rate, s.Sent, s.Received, s.Answers, s.EventsPS, s.Lost, s.Queries, s.TracerCPU, float64(s.RSS)/1e6)
+				s.Rate, s.Sent, s.Received, s.Answers, s.RecordsPS, s.Lost, s.Queries, s.TracerCPU, float64(s.RSS)/1e6)
 		}
 		fmt.Fprintf(w, "highest rate traced with zero lost records: %d queries/s\n", r.MaxZeroLoss)
 		for _, s := range r.Capacity {
@@ -90,8 +90,8 @@ func WriteText(w io.Writer, r *Result) {
 func Problems(r *Result) []string {
 	var p []string
 	for _, c := range r.Cases {
-		if c.EventsLost > 0 {
-			p = append(p, fmt.Sprintf("case %s: %d records lost: its ratio is not a measurement", c.Name, c.EventsLost))
+		if c.RecordsLost > 0 {
+			p = append(p, fmt.Sprintf("case %s: %d records lost: its ratio is not a measurement", c.Name, c.RecordsLost))
 		} else if c.Invalid {
 			p = append(p, fmt.Sprintf("case %s: %d answers the flood read were not followed to their query: its ratio is not a measurement", c.Name, c.Unfollowed))
 		}

@@ -33,12 +33,12 @@ type CaseResult struct {
 	// frees memory inside tp_kmem_cache_free; shown, as nearly all of them
 	// would have sent nothing). A case whose traced rounds lost records has
 	// no ratio (Invalid): a tracer that sheds work is not measured.
-	TracerCPU  float64 `json:"tracer_cpu_cores"`
-	Events     uint64  `json:"events"`
-	EventBytes uint64  `json:"event_bytes"`
-	EventsLost uint64  `json:"events_lost"`
-	Skipped    uint64  `json:"hook_calls_skipped"`
-	Invalid    bool    `json:"invalid"`
+	TracerCPU   float64 `json:"tracer_cpu_cores"`
+	Records     uint64  `json:"records"`
+	RecordBytes uint64  `json:"record_bytes"`
+	RecordsLost uint64  `json:"records_lost"`
+	Skipped     uint64  `json:"hook_calls_skipped"`
+	Invalid     bool    `json:"invalid"`
 	// DNS cases: what the kernel side sent per answered query.
 	Answered uint64 `json:"queries_answered,omitempty"`
 	// DNS cases: answers the flood read that the tracer's kernel side did
@@ -69,22 +69,22 @@ type CaseResult struct {
 // Step is one rate of the capacity search: paced DNS queries from pod0
 // through the node to the responder, answered, with the tracer attached.
 type Step struct {
-	Rate      int     `json:"rate"`
-	Seconds   float64 `json:"seconds"`
-	Sent      float64 `json:"sent_per_s"`
-	Received  float64 `json:"received_per_s"`
-	Answers   float64 `json:"answers_per_s"`
-	Events    uint64  `json:"events"`
-	Bytes     uint64  `json:"event_bytes"`
-	EventsPS  float64 `json:"events_per_s"`
-	Lost      uint64  `json:"events_lost"`
-	Skipped   uint64  `json:"hook_calls_skipped"`
-	Queries   uint64  `json:"queries_traced"`
-	Answered  uint64  `json:"queries_answered"`
-	Incidents int     `json:"incidents"`
-	TracerCPU float64 `json:"tracer_cpu_cores"`
-	RSS       uint64  `json:"tracer_rss_bytes"`
-	PeakRSS   uint64  `json:"tracer_peak_rss_bytes"`
+	Rate        int     `json:"rate"`
+	Seconds     float64 `json:"seconds"`
+	Sent        float64 `json:"sent_per_s"`
+	Received    float64 `json:"received_per_s"`
+	Answers     float64 `json:"answers_per_s"`
+	Records     uint64  `json:"records"`
+	RecordBytes uint64  `json:"record_bytes"`
+	RecordsPS   float64 `json:"records_per_s"`
+	Lost        uint64  `json:"records_lost"`
+	Skipped     uint64  `json:"hook_calls_skipped"`
+	Queries     uint64  `json:"queries_traced"`
+	Answered    uint64  `json:"queries_answered"`
+	Incidents   int     `json:"incidents"`
+	TracerCPU   float64 `json:"tracer_cpu_cores"`
+	RSS         uint64  `json:"tracer_rss_bytes"`
+	PeakRSS     uint64  `json:"tracer_peak_rss_bytes"`
 	// Reached is false when the generator could not send the rate (the
 	// machine ran out of CPU before the tracer lost anything).
 	Reached bool `json:"reached"`
@@ -99,6 +99,6 @@ type Result struct {
 	Cases    []CaseResult `json:"cases"`
 	Capacity []Step       `json:"capacity"`
 	// MaxZeroLoss is the highest rate of the ladder traced with no lost
-	// event (0: none).
+	// record (0: none).
 	MaxZeroLoss int `json:"max_zero_loss_rate"`
 }
