@@ -216,8 +216,8 @@ func runTrace(ctx context.Context, args []string) error {
 		return err
 	}
 	// A soft heap limit keeps the correlator's memory near its caps on a
-	// busy node (measured: 1M unanswered queries, RSS 175 MB -> 115 MB);
-	// GOMEMLIMIT, when set, wins.
+	// busy node: without it the GC lets the heap grow to twice what is
+	// live. GOMEMLIMIT, when set, wins.
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(traceMemoryLimit)
 	}

@@ -68,8 +68,8 @@ const DefaultMaxQueries = 1 << 16
 
 // DefaultMaxStalls is Config.MaxStalls when left 0. A stall holds its lost
 // queries and its incident, about 1 KB, for up to QueryTTL: uncapped, a
-// flood of lost queries with distinct names (each its own stall) held
-// 300 MB in the tracer and kept the GC running against its memory limit.
+// flood of lost queries with distinct names (each its own stall) grows the
+// heap without bound and keeps the GC running against its memory limit.
 const DefaultMaxStalls = 1 << 14
 
 func (c *Config) defaults() {
@@ -130,10 +130,9 @@ type Correlator struct {
 	compactAt uint64          // when Tick next gives the drops' memory back
 	stalls    map[*stall]bool // stalls in progress
 	// stallLow is at most lastAttempt of every stall in progress (their
-	// earliest as of the last walk): expire walks
-	// stalls only once one may be past QueryTTL. A walk at every tick cost
-	// a flood of drops, which keeps MaxStalls stalls open, a cache miss
-	// per stall: 7% of the tracer's CPU in dnsrace bench's loopback flood.
+	// earliest as of the last walk): expire walks stalls only once one may
+	// be past QueryTTL. A walk costs a cache miss per stall, and a flood
+	// of drops keeps MaxStalls stalls open: not at every tick.
 	stallLow uint64
 	// stallLog is stalls by opening, oldest first, for the cap; closed
 	// ones leave it lazily.

@@ -12,8 +12,8 @@ import "github.com/dnsrace/dnsrace/internal/event"
 
 // stall is one lookup's stall while it is in progress: its lost queries. Its
 // incident, and room for the usual one lost query, are part of it: a flood
-// of drops opens tens of thousands of stalls a second, and one allocation
-// each is a quarter of four. What only a stall that sees a retry needs is
+// of drops opens tens of thousands of stalls a second, each then one
+// allocation, not four. What only a stall that sees a retry needs is
 // in *retries, allocated then.
 type stall struct {
 	inc     *Incident // &incident

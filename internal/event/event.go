@@ -150,8 +150,7 @@ const maxWire = 255
 // The question name is kept as its labels came on the wire and shown in
 // dotted form only when asked for (QName, NameBytes): following a query
 // needs only its hash (NameKey), and a node asks for few distinct names, so
-// most queries' names are never converted (that was a quarter of the read
-// path's instructions).
+// most queries' names are never converted.
 type DNS struct {
 	Valid         bool
 	ID            uint16
