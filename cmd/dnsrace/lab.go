@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -147,7 +148,7 @@ func (f *labFlags) resolve(fs *pflag.FlagSet) (lab.Scenario, lab.Topology, error
 		return sc, t, usageError{err}
 	}
 	if f.resolver != "" {
-		if !contains(lab.Resolvers, f.resolver) {
+		if !slices.Contains(lab.Resolvers, f.resolver) {
 			return sc, t, usagef("unknown resolver %q (want %s)", f.resolver, strings.Join(lab.Resolvers, ", "))
 		}
 	}
@@ -168,15 +169,6 @@ func (f *labFlags) resolve(fs *pflag.FlagSet) (lab.Scenario, lab.Topology, error
 	}
 	sc.Server.Kind = f.server
 	return sc, t, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func parseFlags(fs *pflag.FlagSet, args []string, usage string) error {
@@ -301,7 +293,7 @@ func labSurvey(ctx context.Context, args []string) error {
 	if *iterations < 1 {
 		return usagef("--iterations must be at least 1")
 	}
-	if *resolver != "" && !contains(lab.Resolvers, *resolver) {
+	if *resolver != "" && !slices.Contains(lab.Resolvers, *resolver) {
 		return usagef("unknown resolver %q (want %s)", *resolver, strings.Join(lab.Resolvers, ", "))
 	}
 	if err := requireRoot("dnsrace lab survey"); err != nil {

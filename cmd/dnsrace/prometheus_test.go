@@ -263,8 +263,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	// needs two pods' queries at one instant, so the lookups run back to
 	// back from a shell in each pod: started one by one through the
 	// helper (tens of milliseconds of Go start-up each, both CPUs busy
-	// with it) they came so far apart that a CI run saw no race in two
-	// minutes (4,366 lookups).
+	// with it) they come too far apart to race.
 	t1 := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 	defer cancel()
@@ -364,8 +363,8 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	}
 	// Settle: no lookup in flight; scrapes for 3 s after the last
 	// incident, so a pod's counter that first appeared with it has the
-	// two samples rate() in the recording rules needs (a CI run whose
-	// only stall of pod0 came last had no namespace_pod series).
+	// two samples rate() in the recording rules needs (else a pod whose
+	// only stall comes last has no namespace_pod series).
 	time.Sleep(time.Second)
 	settled := time.Now()
 	if !waitFor(15*time.Second, func() bool {

@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -14,13 +11,11 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
-	"golang.org/x/sys/unix"
 
 	"github.com/dnsrace/dnsrace/internal/correlate"
 	"github.com/dnsrace/dnsrace/internal/event"
@@ -30,6 +25,9 @@ import (
 	"github.com/dnsrace/dnsrace/internal/probe"
 	"github.com/dnsrace/dnsrace/internal/trace"
 )
+
+// This file is the dnsrace trace command: its flags, their checks, and the
+// run that wires the tracer to its outputs.
 
 func init() {
 	commands["trace"] = command{summary: "explain every DNS stall on this node, packet by packet", run: runTrace}
@@ -126,35 +124,8 @@ func (f *traceFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.showResolved, "show-resolved", false, "list every race the kernel rescued (text output; by default they are summed up per pod every 10 s)")
 }
 
-// byteSize is a size flag: a number of bytes with an optional K, M or G
-// (powers of 1024) suffix.
-type byteSize int64
-
-func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
-func (b *byteSize) Type() string   { return "SIZE" }
-func (b *byteSize) Set(s string) error {
-	mult := int64(1)
-	t := strings.TrimSuffix(strings.ToUpper(s), "B")
-	switch {
-	case strings.HasSuffix(t, "K"):
-		mult, t = 1<<10, strings.TrimSuffix(t, "K")
-	case strings.HasSuffix(t, "M"):
-		mult, t = 1<<20, strings.TrimSuffix(t, "M")
-	case strings.HasSuffix(t, "G"):
-		mult, t = 1<<30, strings.TrimSuffix(t, "G")
-	}
-	n, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || n < 0 {
-		return fmt.Errorf("want a size like 4096, 512K, 100M or 1G, got %q", s)
-	}
-	if n > math.MaxInt64/mult {
-		return fmt.Errorf("size %q is too large", s)
-	}
-	*b = byteSize(n * mult)
-	return nil
-}
-
-// probeOptions checks the flags and the machine and returns probe options.
+// probeOptions checks the flags, and the files they name, and returns probe
+// options. Kernel BTF is the loader's to check (probe.Open).
 func (f *traceFlags) probeOptions() (probe.Options, error) {
 	var o probe.Options
 	if len(f.ports) == 0 || len(f.ports) > probe.MaxPorts {
@@ -196,64 +167,8 @@ func (f *traceFlags) probeOptions() (probe.Options, error) {
 			return o, usagef("--kernel-btf: %v", err)
 		}
 		o.KernelBTF = f.kernelBTF
-	} else if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
-		return o, errors.New("this kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): dnsrace needs CONFIG_DEBUG_INFO_BTF=y, or pass --kernel-btf FILE with this kernel's BTF")
 	}
 	return o, nil
-}
-
-// hookLabel is a hook's short name on the tracing line (--list-probes
-// shows the kernel's names).
-var hookLabel = map[string]string{
-	"nf_conntrack_confirm": "confirm", "nf_ct_resolve_clash": "clash", "skb_consume_udp": "deliver",
-	"udp_sendmsg": "send", "udpv6_sendmsg": "send6", "net_dev_queue": "xmit", "netif_receive_skb": "recv",
-	"netfilter": "pre-confirm", "kfree_skb": "drop", "kmem_cache_free": "ct-free", "udp_fail_queue_rcv_skb": "rcvbuf",
-}
-
-// tracingLine says, right after start, what is traced and that dnsrace is
-// waiting: on a quiet node it is the only line for a long time. It fits a
-// terminal line.
-func tracingLine(probes []probe.ProbeInfo, ports []uint, netns uint32) string {
-	byTier := map[string][]string{}
-	var tiers []string
-	for _, p := range probes {
-		if !p.Attached {
-			continue
-		}
-		t := p.Tier.String()
-		if byTier[t] == nil {
-			tiers = append(tiers, t)
-		}
-		label := hookLabel[p.Hook]
-		if label == "" {
-			label = p.Hook
-		}
-		byTier[t] = append(byTier[t], label)
-	}
-	var hooks []string
-	for _, t := range tiers {
-		hooks = append(hooks, t+": "+strings.Join(byTier[t], " "))
-	}
-	where := "every netns"
-	if netns != 0 {
-		where = fmt.Sprintf("netns %d only", netns)
-	}
-	return fmt.Sprintf("dnsrace: tracing DNS port %s, %s (%s); waiting for stalls, Ctrl-C to stop",
-		joinPorts(ports), where, strings.Join(hooks, "; "))
-}
-
-// progressLine is the progress line's text.
-func progressLine(since time.Duration, l trace.Live) string {
-	return fmt.Sprintf("tracing %s: %d DNS queries (%d answered, %d waiting), %d stalls, %d races rescued; %d records read, %d lost",
-		since.Truncate(time.Second), l.Queries, l.Answered, l.InFlight, l.Stalls, l.Rescued, l.Events, l.EventsLost)
-}
-
-func joinPorts(ps []uint) string {
-	s := make([]string, len(ps))
-	for i, p := range ps {
-		s[i] = strconv.FormatUint(uint64(p), 10)
-	}
-	return strings.Join(s, ",")
 }
 
 // traceMemoryLimit is the soft heap limit of dnsrace trace.
@@ -301,8 +216,8 @@ func runTrace(ctx context.Context, args []string) error {
 		return err
 	}
 	// A soft heap limit keeps the correlator's memory near its caps on a
-	// busy node (measured: 1M unanswered queries, RSS 175 MB -> 115 MB);
-	// GOMEMLIMIT, when set, wins.
+	// busy node: without it the GC lets the heap grow to twice what is
+	// live. GOMEMLIMIT, when set, wins.
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(traceMemoryLimit)
 	}
@@ -428,45 +343,6 @@ func runTrace(ctx context.Context, args []string) error {
 	return nil
 }
 
-// outputWriter is where incidents and the summary go. It remembers the
-// first write error and reports it on one line to report; after it,
-// nothing more is written to w (a line cut off by a full disk stays the
-// last one) and Write fails at once.
-type outputWriter struct {
-	mu     sync.Mutex
-	w      io.Writer
-	name   string // "stdout" or the --output-file path
-	report io.Writer
-	err    error
-}
-
-func (o *outputWriter) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.err != nil {
-		return 0, o.err
-	}
-	n, err := o.w.Write(p)
-	if err == nil && n < len(p) {
-		err = io.ErrShortWrite
-	}
-	if err != nil {
-		o.err = err
-		if pe, ok := err.(*fs.PathError); ok {
-			err = pe.Err // "write PATH: ...": the path is the name already
-		}
-		fmt.Fprintf(o.report, "dnsrace trace: writing %s: %v (nothing more is written there; the summary goes to stderr)\n", o.name, err)
-	}
-	return n, o.err
-}
-
-// Err returns the first write error, or nil.
-func (o *outputWriter) Err() error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.err
-}
-
 // checkOutputFlags validates the output, progress and metrics flags.
 func (f *traceFlags) checkOutputFlags() error {
 	switch f.progress {
@@ -521,127 +397,6 @@ func nsInode(path string) (uint64, bool) {
 		return 0, false
 	}
 	return st.Ino, true
-}
-
-// rotatingFile is --output-file: when a write would take it past max
-// bytes, it is renamed to PATH.1 (replacing the previous PATH.1) and a new
-// PATH is started, so at most about 2*max bytes stay on disk. A write is
-// one incident line (or the summary), so no line is split.
-type rotatingFile struct {
-	mu   sync.Mutex
-	path string
-	max  int64
-	f    *os.File
-	size int64
-}
-
-func openRotating(path string, max int64) (*rotatingFile, error) {
-	r := &rotatingFile{path: path, max: max}
-	if err := r.open(); err != nil {
-		return nil, err
-	}
-	return r, nil
-}
-
-func (r *rotatingFile) open() error {
-	f, err := os.OpenFile(r.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("opening the output file: %w", err)
-	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return fmt.Errorf("opening the output file: %w", err)
-	}
-	r.f, r.size = f, st.Size()
-	return nil
-}
-
-func (r *rotatingFile) Write(p []byte) (int, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.max > 0 && r.size > 0 && r.size+int64(len(p)) > r.max {
-		r.f.Close()
-		if err := os.Rename(r.path, r.path+".1"); err != nil {
-			return 0, fmt.Errorf("rotating the output file: %w", err)
-		}
-		if err := r.open(); err != nil {
-			return 0, err
-		}
-	}
-	n, err := r.f.Write(p)
-	r.size += int64(n)
-	return n, err
-}
-
-func (r *rotatingFile) Close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.f.Close()
-}
-
-// progress draws one status line on a terminal, redrawn every second and
-// cleared before anything else is written to the same terminal.
-type progress struct {
-	mu      sync.Mutex
-	w       io.Writer
-	started time.Time
-	shown   bool
-	last    string
-}
-
-func (p *progress) run(ctx context.Context, s *trace.Session) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			p.mu.Lock()
-			p.clearLocked()
-			p.mu.Unlock()
-			return
-		case <-t.C:
-			line := progressLine(time.Since(p.started), s.Live())
-			p.mu.Lock()
-			p.last = line
-			fmt.Fprintf(p.w, "\r\033[K%s", line)
-			p.shown = true
-			p.mu.Unlock()
-		}
-	}
-}
-
-func (p *progress) clearLocked() {
-	if p.shown {
-		fmt.Fprint(p.w, "\r\033[K")
-		p.shown = false
-	}
-}
-
-// clearing wraps w (the same terminal): the line is cleared before each
-// write and redrawn after it.
-func (p *progress) clearing(w io.Writer) io.Writer {
-	return writerFunc(func(b []byte) (int, error) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		redraw := p.shown
-		p.clearLocked()
-		n, err := w.Write(b)
-		if redraw {
-			fmt.Fprintf(p.w, "\r\033[K%s", p.last)
-			p.shown = true
-		}
-		return n, err
-	})
-}
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
-
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
 }
 
 // printProbes lists each hook's tier, and why a better tier was not used.

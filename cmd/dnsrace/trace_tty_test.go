@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,8 +20,8 @@ import (
 // is traced and that it waits, the progress line is drawn and redrawn, a
 // stall is a headline with indented details, and Ctrl-C ends with the
 // summary. The lab's rule drops every AAAA query, so the first lookup
-// stalls: a race would make the test wait on chance (with snat-port a CI
-// run saw no stall in 4,366 lookups over two minutes). The race incidents'
+// stalls: a race would make the test wait on chance (with snat-port
+// minutes may pass without one). The race incidents'
 // text is checked by the writers' golden files and the trace suites.
 func TestTraceTerminal(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -102,7 +103,7 @@ func TestTraceTerminal(t *testing.T) {
 			}
 			labels = append(labels, strings.Fields(d)[0])
 		}
-		if len(labels) < 3 || labels[0] != "lost" || !contains(labels, "query") || !contains(labels, "retry") {
+		if len(labels) < 3 || labels[0] != "lost" || !slices.Contains(labels, "query") || !slices.Contains(labels, "retry") {
 			t.Errorf("details under %q: %v\n%s", l, labels, s)
 		}
 		if len(l) > 120 {
@@ -111,7 +112,7 @@ func TestTraceTerminal(t *testing.T) {
 		break
 	}
 	// The progress line moved on (it is redrawn in place; a capture can
-	// fall between its erase and its redraw, as one in CI did).
+	// fall between its erase and its redraw).
 	waitFor("the progress line, redrawn", 5*time.Second, func(s string) bool {
 		m := progress.FindAllStringSubmatch(s, -1)
 		return len(m) > 0 && m[len(m)-1][1] != firstSecs

@@ -136,12 +136,12 @@ func floodStream(c *correlate.Correlator, sock func(uint64) netip.AddrPort, drop
 }
 
 // BenchmarkRcvbufFlood is the correlator's share of bench's dns-loopback
-// flood as the tracer records it (measured 2 Dec 2026: 0.42 drops per
-// answered query, every one a query freed at the server's full receive
-// buffer, a local_drop stall of its own): one client socket, a new name
-// each query, every third query dropped with its reason and location (its
-// symbol looked up as the session looks it up), every incident made a
-// JSON line the way the session's writer makes it. One b.N is one query.
+// flood as the tracer records it (queries freed at the server's full
+// receive buffer, each a local_drop stall of its own): one client socket,
+// a new name each query, every third query dropped with its reason and
+// location (its symbol looked up as the session looks it up), every
+// incident made a JSON line the way the session's writer makes it. One b.N
+// is one query.
 func BenchmarkRcvbufFlood(b *testing.B) {
 	var line []byte
 	var incidents int

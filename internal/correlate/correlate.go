@@ -3,12 +3,14 @@ package correlate
 import (
 	"hash/maphash"
 	"math"
-	"strconv"
 	"time"
 
 	"github.com/dnsrace/dnsrace/internal/ctstats"
 	"github.com/dnsrace/dnsrace/internal/event"
 )
+
+// This file is the correlator's core: its Config, Handle, Tick and Close,
+// and a query's life from its first record until it is forgotten.
 
 // Config tunes a Correlator. Zero values take the defaults.
 type Config struct {
@@ -66,8 +68,8 @@ const DefaultMaxQueries = 1 << 16
 
 // DefaultMaxStalls is Config.MaxStalls when left 0. A stall holds its lost
 // queries and its incident, about 1 KB, for up to QueryTTL: uncapped, a
-// flood of lost queries with distinct names (each its own stall) held
-// 300 MB in the tracer and kept the GC running against its memory limit.
+// flood of lost queries with distinct names (each its own stall) grows the
+// heap without bound and keeps the GC running against its memory limit.
 const DefaultMaxStalls = 1 << 14
 
 func (c *Config) defaults() {
@@ -97,25 +99,6 @@ func (c *Config) defaults() {
 	}
 }
 
-// pendingDrop is evidence waiting ClassifyDelay: a dropped query, an
-// unconfirmed entry freed (a merged loser, named by its original tuple),
-// or a rescue read before its query.
-type pendingDrop struct {
-	due      uint64
-	kind     event.Kind // KindDrop, KindCTFreed, KindMerged or KindNATClash
-	qid      uint64     // by id: the struct may be recycled meanwhile
-	netns    uint32
-	ct       event.CT
-	winner   *event.CT // only a drop the kernel named a winner for: most have none, and a flood of drops waits here
-	wqid     uint64
-	reason   uint32
-	location uint64
-	timeNs   uint64
-	// sentNs: when the dropped query was sent (a freed entry: timeNs),
-	// for OldestOpen.
-	sentNs uint64
-}
-
 // lossKey names one loser: its entry's address and its original tuple.
 // The address alone is reused by the slab at once; the query alone can
 // differ between the paths that see one loser. A key seen again more than
@@ -142,22 +125,21 @@ type Correlator struct {
 	// between CPUs' records: a tick takes them off the front without
 	// copying the rest (a flood of drops holds tens of thousands).
 	drops     fifo[pendingDrop]
-	direct    []bool         // classifyDue's scratch
-	evidence  evidence       // decide's scratch
-	compactAt uint64         // when Tick next gives the drops' memory back
-	opens     map[*open]bool // stalls in progress
-	// openLow is at most lastAttempt of every stall in progress (their
-	// earliest as of the last walk): expire walks
-	// opens only once one may be past QueryTTL. A walk at every tick cost
-	// a flood of drops, which keeps MaxStalls stalls open, a cache miss
-	// per stall: 7% of the tracer's CPU in dnsrace bench's loopback flood.
-	openLow uint64
-	// openLog is opens by opening, oldest first, for the cap; closed
+	direct    []bool          // classifyDue's scratch
+	evidence  evidence        // decide's scratch
+	compactAt uint64          // when Tick next gives the drops' memory back
+	stalls    map[*stall]bool // stalls in progress
+	// stallLow is at most lastAttempt of every stall in progress (their
+	// earliest as of the last walk): expire walks stalls only once one may
+	// be past QueryTTL. A walk costs a cache miss per stall, and a flood
+	// of drops keeps MaxStalls stalls open: not at every tick.
+	stallLow uint64
+	// stallLog is stalls by opening, oldest first, for the cap; closed
 	// ones leave it lazily.
-	openLog fifo[*open]
+	stallLog fifo[*stall]
 	// waiting: stalls waiting for their retry's attempt to end (some
 	// already ended, or gone on; endAttempts drops them).
-	waiting []*open
+	waiting []*stall
 	// pendFrom: no query before this place in the order log (seq) waits
 	// for its answer (oldestPending).
 	pendFrom uint64
@@ -192,7 +174,7 @@ type Correlator struct {
 func New(cfg Config) *Correlator {
 	cfg.defaults()
 	return &Correlator{cfg: cfg, seed: maphash.MakeSeed(), ix: newIndex(),
-		opens: map[*open]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned)}
+		stalls: map[*stall]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned)}
 }
 
 // Stats are the correlator's own counts.
@@ -230,7 +212,7 @@ func (c *Correlator) OldestOpen() uint64 {
 			oldest = t
 		}
 	}
-	for o := range c.opens {
+	for o := range c.stalls {
 		take(o.firstNs)
 	}
 	if q := c.oldestPending(); q != nil {
@@ -292,72 +274,6 @@ func (c *Correlator) attributed(ns uint32) *Attributed {
 	return a
 }
 
-func (c *Correlator) hashName(b []byte) uint64 { return maphash.Bytes(c.seed, b) }
-
-// internSlots is the size of the name intern cache: direct-mapped, so a
-// name costs one load to find, and a node that asks for every name once
-// (a flood, a scan) evicts in place instead of growing and clearing a map
-// (a Go map of 65,536 names cost a fifth of the tracer's CPU at 20,000
-// distinct names/s).
-const internSlots = 1 << 13
-
-type interned struct {
-	h uint64
-	n event.Name
-}
-
-// intern returns the question's name as a string, shared with earlier
-// queries for the same name: a busy node asks for few distinct names, so
-// the hot path neither allocates a string nor converts the name from its
-// wire form per query. h, the hash of its wire form, is the name's identity
-// here as everywhere in the correlator (retries, siblings).
-func (c *Correlator) intern(h uint64, d *event.DNS) event.Name {
-	e := &c.strs[h&(internSlots-1)]
-	if e.h != h || e.n == (event.Name{}) {
-		*e = interned{h, d.Name()}
-	}
-	return e.n
-}
-
-const locSlots = 64
-
-type location struct {
-	addr uint64
-	sym  string // the function, for the rules
-	s    string // "nf_hook_slow+0x7d", for the writers
-}
-
-// location names a drop location, from the cache when it can: the
-// function that freed the packet (Config.Symbol; "" when unknown), and the
-// location as the writers show it, as ksym.Table.Format writes it.
-func (c *Correlator) location(addr uint64) (sym, shown string) {
-	e := &c.locs[(addr^addr>>6)&(locSlots-1)]
-	if e.addr != addr || addr == 0 {
-		*e = location{addr: addr}
-		if name, off, ok := c.cfg.Symbol(addr); ok {
-			e.sym = name
-			e.s = name + "+0x" + strconv.FormatUint(off, 16)
-		} else if addr != 0 {
-			e.s = "0x" + strconv.FormatUint(addr, 16)
-		}
-	}
-	return e.sym, e.s
-}
-
-// reason names a drop reason value: its enum name for the rules ("" when
-// unknown), and what the writers show.
-func (c *Correlator) reason(v uint32) (r dropReason, shown string) {
-	r.value = v
-	if c.cfg.ReasonName == nil {
-		return r, "reason(" + itoa(int(v)) + ")"
-	}
-	shown = c.cfg.ReasonName(v)
-	if isEnumName(shown) {
-		r.name = shown
-	}
-	return r, shown
-}
-
 // Handle processes one record. It keeps nothing that e points to.
 func (c *Correlator) Handle(e *event.Event) {
 	if e.TimeNs > c.lastNs {
@@ -392,7 +308,7 @@ func (c *Correlator) Handle(e *event.Event) {
 		c.drops.push(d)
 	case event.KindConfirmDrop:
 		if q := c.ix.lookup(e.QID); q != nil {
-			x := q.extra()
+			x := q.extraForWrite()
 			x.confirmDrop = true
 			if e.Flags&event.FlagWinner != 0 {
 				x.winnerCT = e.Winner
@@ -400,7 +316,7 @@ func (c *Correlator) Handle(e *event.Event) {
 		}
 	case event.KindWinner:
 		if q := c.ix.lookup(e.QID); q != nil {
-			x := q.extra()
+			x := q.extraForWrite()
 			x.winnerCT, x.winnerQID = e.Winner, e.WinnerQID
 			if x.winner == nil && q.state == stateLost {
 				x.winner = c.flowOf(e.Winner, e.WinnerQID)
@@ -454,49 +370,6 @@ func (c *Correlator) newQuery(e *event.Event) {
 	c.ix.add(q)
 }
 
-// answerDropped records why the answer of a query was dropped: its query
-// is named by the kernel (QID), or by the question the record carries.
-func (c *Correlator) answerDropped(e *event.Event) {
-	q := c.ix.lookup(e.QID)
-	if q == nil && e.DNS.Valid {
-		q = c.ix.byQuestion(e.DNS.ID, e.DNS.QType, c.hashName(e.DNS.NameKey()), e.TimeNs, uint64(c.cfg.QueryTTL))
-	}
-	if q == nil || q.dead {
-		return
-	}
-	ev := &c.evidence
-	*ev = evidence{seen: seenAnswerDrop}
-	var reason, loc string
-	ev.reason, reason = c.reason(e.Reason)
-	ev.symbol, loc = c.location(e.Location)
-	x := q.extra()
-	x.replyCause, x.replyReason, x.replyLoc, x.replyNS = decide(ev).cause, reason, loc, e.NetNS
-}
-
-// rcvbufFull: an answer hit a full receive buffer: its query's, or (before
-// 6.10, no skb) every unanswered query of the socket.
-func (c *Correlator) rcvbufFull(e *event.Event) {
-	ev := &c.evidence
-	*ev = evidence{seen: seenRcvbufHook}
-	rule := decide(ev)
-	mark := func(q *query) {
-		x := q.extra()
-		x.replyCause, x.replyReason, x.replyNS = rule.cause, rule.shownReason, e.NetNS
-	}
-	if q := c.ix.lookup(e.QID); q != nil {
-		mark(q)
-		return
-	}
-	// The record's tuple is the datagram's direction: the socket is its
-	// reverse.
-	r, n := c.ix.recentOnSocket(c.ix.sockets(e.Packet.Dst, e.Packet.Src))
-	for _, q := range r[:n] {
-		if q.state == statePending && q.netns == e.NetNS && q.src == e.Packet.Dst && q.dst == e.Packet.Src {
-			mark(q)
-		}
-	}
-}
-
 // Tick classifies drops that are due and expires old state. now is
 // CLOCK_MONOTONIC in ns; 0 means the time of the last record.
 func (c *Correlator) Tick(now uint64) {
@@ -516,172 +389,6 @@ func (c *Correlator) Tick(now uint64) {
 
 // compactEvery is how often the drops' log may give memory back.
 const compactEvery = 10 * time.Second
-
-// classifyDue classifies the drops due by now (all of them with force).
-// Drops with direct evidence of a race go first: the counters' budget then
-// goes to the drops that certainly raced before the others are weighed.
-func (c *Correlator) classifyDue(now uint64, force bool) {
-	k := 0
-	for k < c.drops.len() && (force || c.drops.at(k).due <= now) {
-		k++
-	}
-	if k == 0 {
-		return
-	}
-	// Classifying pushes no drop: the k entries stay where they are.
-	c.direct = c.direct[:0]
-	for i := range k {
-		c.direct = append(c.direct, c.isDirect(c.drops.at(i)))
-	}
-	clear(c.kernelNow)
-	for _, first := range []bool{true, false} {
-		for i := range k {
-			if c.direct[i] == first {
-				c.classify(c.drops.at(i))
-			}
-		}
-	}
-	for range k {
-		c.drops.pop()
-	}
-}
-
-// isDirect: the drop carries its own proof of a race (a winner, or
-// confirm's NF_DROP).
-func (c *Correlator) isDirect(d *pendingDrop) bool {
-	if d.winner != nil && d.winner.Ptr != 0 {
-		return true
-	}
-	q := c.ix.lookup(d.qid)
-	return q != nil && (q.ext().confirmDrop || q.ext().winnerCT.Ptr != 0)
-}
-
-// budget returns how many more packets of a kind the kernel counted in ns
-// than dnsrace explained so far. The kernel's counters are read once per
-// namespace per batch of drops (a netlink round trip each): a flood of
-// drops must not cost one read each.
-func (c *Correlator) budget(ns uint32) (insertFailed, drop int64) {
-	if c.cfg.Counters == nil {
-		return 0, 0
-	}
-	d, ok := c.kernelNow[ns]
-	if !ok {
-		if d, ok = c.cfg.Counters.Delta(ns); !ok {
-			return 0, 0
-		}
-		c.kernelNow[ns] = d
-	}
-	a := c.attributed(ns)
-	return int64(d.InsertFailed) - int64(a.InsertFailed), int64(d.Drop) - int64(a.Drop)
-}
-
-// rescuedByQuery reports the rescue d holds (a Merged or NATClash record)
-// if its query is known by now.
-func (c *Correlator) rescuedByQuery(d *pendingDrop) bool {
-	q := c.ix.lookup(d.qid)
-	if q == nil {
-		return false
-	}
-	var w event.CT
-	if d.winner != nil {
-		w = *d.winner
-	}
-	c.rescued(q, d.netns, d.ct, w, d.wqid, d.timeNs)
-	return true
-}
-
-func (c *Correlator) classify(d *pendingDrop) {
-	switch d.kind {
-	case event.KindCTFreed:
-		// A merged loser: the last query its socket sent (the loser left
-		// on the winner's entry, so its own entry never met a device).
-		if q := c.ix.onSocket(d.ct.Orig.Src, d.ct.Orig.Dst); q != nil {
-			c.rescued(q, d.netns, d.ct, event.CT{}, 0, d.timeNs)
-		}
-		return
-	case event.KindMerged, event.KindNATClash:
-		// A rescue read before its query's record.
-		c.rescuedByQuery(d)
-		return
-	}
-	q := c.ix.lookup(d.qid)
-	if q == nil || (q.state != statePending && q.state != stateUnwatched) {
-		return
-	}
-	x := q.ext()
-	var dw event.CT
-	if d.winner != nil {
-		dw = *d.winner
-	}
-	winner, wqid := pickWinner(d.ct, dw, x.winnerCT, d.wqid, x.winnerQID)
-	// The rules are function values, so evidence passed to them escapes:
-	// it lives in the Correlator, not in a new object per drop.
-	ev := &c.evidence
-	*ev = evidence{seen: seenQueryDrop, ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(), confirmDrop: x.confirmDrop}
-	var reason, loc string
-	ev.reason, reason = c.reason(d.reason)
-	ev.symbol, loc = c.location(d.location)
-	if ev.netfilter() {
-		ev.insertBudget, ev.dropBudget = c.budget(d.netns)
-	}
-	rule := decide(ev)
-	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs, Cause: rule.cause,
-		Reason: reason, Location: loc, NetNS: d.netns}
-	a := c.attributed(d.netns)
-	if rule.insertFailed {
-		a.InsertFailed++
-	}
-	if rule.drop {
-		a.Drop++
-	}
-	q.nodeNS = d.netns
-	if rule.raced {
-		p.Race = raceKind(d.ct, winner)
-		qx := q.extra()
-		qx.race = p.Race
-		if winner.Ptr != 0 {
-			qx.winner = c.flowOf(winner, wqid)
-		}
-	}
-	c.markLost(q, p)
-}
-
-// flowOf describes a winning entry and, when known, the query behind it:
-// the kernel named it (qid), or it is the last query sent on its
-// original tuple.
-func (c *Correlator) flowOf(ct event.CT, qid uint64) *Flow {
-	f := &Flow{Src: ct.Orig.Src, Dst: ct.Orig.Dst, ReplySrc: ct.Reply.Src, ReplyDst: ct.Reply.Dst}
-	q := c.ix.lookup(qid)
-	if q == nil {
-		q = c.ix.onSocket(ct.Orig.Src, ct.Orig.Dst)
-	}
-	if q != nil {
-		f.NetNS, f.QName, f.QType, f.PID = q.netns, q.qname.String(), QType(q.qtype), q.pid
-		f.Comm = c.comm(q.comm)
-	}
-	return f
-}
-
-// comm returns a process name as a string, shared with the last incidents
-// of the same process: a flood's incidents mostly come from a few.
-func (c *Correlator) comm(b [16]byte) string {
-	e := &c.comms[(uint(b[0])+uint(b[1])*7+uint(b[2])*31+uint(b[3])*131)&(commSlots-1)]
-	if e.b != b || e.s == "" {
-		e.b, e.s = b, commString(b)
-	}
-	return e.s
-}
-
-const commSlots = 16
-
-func commString(b [16]byte) string {
-	for i, ch := range b {
-		if ch == 0 {
-			return string(b[:i])
-		}
-	}
-	return string(b[:])
-}
 
 // expire declares old unanswered queries lost, closes stalls that saw no
 // retry, and forgets old state.
@@ -705,20 +412,20 @@ func (c *Correlator) expire(now uint64) {
 		c.ix.forget(q)
 	}
 	c.ix.compact()
-	if len(c.opens) > 0 && c.openLow+ttl <= now {
+	if len(c.stalls) > 0 && c.stallLow+ttl <= now {
 		low := uint64(math.MaxUint64)
-		for o := range c.opens {
+		for o := range c.stalls {
 			if at := c.lastAttempt(o); at+ttl <= now {
 				c.finish(o, now)
 			} else {
 				low = min(low, at)
 			}
 		}
-		c.openLow = low
+		c.stallLow = low
 	}
-	if c.openLog.len() > 2*len(c.opens)+1024 {
-		c.openLog.keep(func(o *open) bool { return c.opens[o] })
-		c.openLog.compact()
+	if c.stallLog.len() > 2*len(c.stalls)+1024 {
+		c.stallLog.keep(func(o *stall) bool { return c.stalls[o] })
+		c.stallLog.compact()
 	}
 	for k, t := range c.counted {
 		if t+lossWindow <= now {
@@ -747,34 +454,12 @@ func (c *Correlator) evictOldest(keep int) {
 func (c *Correlator) Close(now uint64) {
 	c.classifyDue(0, true)
 	for i := range c.ix.order.len() {
-		if q := *c.ix.order.at(i); q.state == statePending && !q.dead && (q.ext().replyCause != "" || now >= q.sentNs+uint64(c.cfg.ResolverTimeout)) {
+		if q := *c.ix.order.at(i); q.state == statePending && !q.dead && (q.extraForRead().replyCause != "" || now >= q.sentNs+uint64(c.cfg.ResolverTimeout)) {
 			c.markLost(q, c.unansweredLoss(q))
 		}
 	}
 	end := max(now, c.lastNs)
-	for o := range c.opens {
+	for o := range c.stalls {
 		c.finish(o, end)
 	}
-}
-
-func itoa(n int) string {
-	if n == 0 {
-		return "0"
-	}
-	neg := n < 0
-	if neg {
-		n = -n
-	}
-	var b [20]byte
-	i := len(b)
-	for n > 0 {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-	}
-	if neg {
-		i--
-		b[i] = '-'
-	}
-	return string(b[i:])
 }

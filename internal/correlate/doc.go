@@ -7,8 +7,9 @@
 // with an id (QID): a Query record when it is first seen, an Answer record
 // when its answer reaches the asker, and an evidence record only when
 // something happens that must be explained. This package keeps the queries
-// in flight (index.go), decides what a lost query died of (rules.go), and
-// groups lost queries into stalls (stalls.go).
+// in flight (index.go), gathers the evidence of each loss (classify.go),
+// decides what a lost query died of (rules.go), and groups lost queries
+// into stalls (stalls.go).
 //
 // A query is lost when it is dropped, or when a retry for the same name
 // leaves the same namespace while it is still unanswered. A stall is one
@@ -96,10 +97,10 @@
 //
 // The correlator is single-threaded: Handle, Tick and Close are called from
 // one goroutine. Following an answered query allocates nothing: query
-// structs are recycled, names interned, and the indexes are open-addressing
-// tables without tombstones (table.go); a query answered within
-// MinRetryGap never enters its name's index at all. A stall is one
+// structs are recycled, names interned (caches.go), and the indexes are
+// open-addressing tables without tombstones (table.go); a query answered
+// within MinRetryGap never enters its name's index at all. A stall is one
 // allocation, its incident inside it. Incidents are written as JSON by
 // Incident.AppendJSON (json.go), byte for byte what encoding/json writes
-// for their field tags, at a seventh of its cost.
+// for their field tags, without its reflection.
 package correlate

@@ -79,16 +79,18 @@ type queryExtra struct {
 	replyNS     uint32
 }
 
-// extra returns q's extra part, allocating it on first use.
-func (q *query) extra() *queryExtra {
+// extraForWrite returns q's extra part to fill in, allocating it on first
+// use.
+func (q *query) extraForWrite() *queryExtra {
 	if q.x == nil {
 		q.x = &queryExtra{}
 	}
 	return q.x
 }
 
-// ext returns q's extra part or a zero one (read only).
-func (q *query) ext() *queryExtra {
+// extraForRead returns q's extra part, or a zero one when it has none (not
+// to be written: it is shared).
+func (q *query) extraForRead() *queryExtra {
 	if q.x == nil {
 		return &noExtra
 	}
@@ -157,8 +159,8 @@ func nameOf(netns uint32, name uint64) nameKey {
 // nameState is what a name in a namespace has going on: its unanswered
 // queries, oldest first, and its stall in progress.
 type nameState struct {
-	pend pendList
-	open *open
+	pend  pendList
+	stall *stall
 }
 
 // pendList is a doubly linked list of queries through prevPending and
@@ -329,7 +331,7 @@ func (ix *index) nameOfQuery(q *query) *nameState {
 
 // dropName forgets the name state of key k once nothing is going on.
 func (ix *index) dropName(k nameKey, s *nameState) {
-	if s.pend.head != nil || s.open != nil {
+	if s.pend.head != nil || s.stall != nil {
 		return
 	}
 	ix.names.del(uint64(k))

@@ -11,8 +11,7 @@ import (
 // This file writes an Incident as JSON by hand, byte for byte what
 // encoding/json writes for it (TestAppendJSONMatchesEncodingJSON holds it
 // to that): a flood of drops closes tens of thousands of incidents a
-// second, and encoding/json's reflection cost the tracer a fifth of its CPU
-// in that flood.
+// second, and encoding/json would pay for reflection on every one.
 
 // AppendJSON appends inc as one JSON object (no newline), as
 // json.Marshal(inc) would, HTML characters escaped as there. A NaN or

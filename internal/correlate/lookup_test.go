@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"net/netip"
+	"strconv"
 	"testing"
 
 	"github.com/miekg/dns"
@@ -18,7 +19,7 @@ import (
 func lostIDs(inc *Incident) []string {
 	var out []string
 	for _, p := range inc.Lost {
-		out = append(out, p.QType.String()+"/"+itoa(int(p.ID))+" "+p.Cause)
+		out = append(out, p.QType.String()+"/"+strconv.Itoa(int(p.ID))+" "+p.Cause)
 	}
 	return out
 }

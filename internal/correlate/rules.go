@@ -1,6 +1,8 @@
 package correlate
 
 import (
+	"strconv"
+
 	"github.com/dnsrace/dnsrace/internal/event"
 )
 
@@ -207,7 +209,7 @@ func decide(e *evidence) *rule {
 			return &rules[i]
 		}
 	}
-	panic("correlate: no rule for evidence seen " + itoa(int(e.seen)))
+	panic("correlate: no rule for evidence seen " + strconv.Itoa(int(e.seen)))
 }
 
 // raceRule is one row of the table that names a race from the entry that

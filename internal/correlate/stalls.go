@@ -10,12 +10,12 @@ import "github.com/dnsrace/dnsrace/internal/event"
 // attempt loses nothing. Races the kernel rescued are incidents too, with
 // no stall.
 
-// open is a stall in progress: the lost queries of one lookup. Its
+// stall is one lookup's stall while it is in progress: its lost queries. Its
 // incident, and room for the usual one lost query, are part of it: a flood
-// of drops opens tens of thousands of stalls a second, and one allocation
-// each is a quarter of four. What only a stall that sees a retry needs is
+// of drops opens tens of thousands of stalls a second, each then one
+// allocation, not four. What only a stall that sees a retry needs is
 // in *retries, allocated then.
-type open struct {
+type stall struct {
 	inc     *Incident // &incident
 	key     nameKey
 	firstNs uint64 // when its first lost query was sent
@@ -67,7 +67,7 @@ type asked struct {
 func askedOf(q *query) asked { return asked{id: lookupID(q), pid: q.pid, sock: q.sock} }
 
 // retries returns o's retry state, allocating it on first use.
-func (o *open) retries() *retries {
+func (o *stall) retries() *retries {
 	if o.r == nil {
 		o.r = &retries{}
 		o.r.attempt, o.r.ids = o.r.attempt1[:0], o.r.ids1[:0]
@@ -76,7 +76,7 @@ func (o *open) retries() *retries {
 }
 
 // attempt is the retry's attempt's queries (none without a retry).
-func (o *open) attempt() []*query {
+func (o *stall) attempt() []*query {
 	if o.r == nil {
 		return nil
 	}
@@ -111,7 +111,7 @@ func (c *Correlator) retry(q *query) {
 	if s = c.ix.nameOfQuery(q); s == nil {
 		return
 	}
-	o := s.open
+	o := s.stall
 	switch {
 	case o == nil:
 	case o.retry == nil:
@@ -122,7 +122,7 @@ func (c *Correlator) retry(q *query) {
 		if !c.resends(o, q) {
 			// Another lookup, or a resolver that asks anew each
 			// attempt (Go's): the stall ends here.
-			c.closeOpen(o, q.sentNs, true)
+			c.closeStall(o, q.sentNs, true)
 			break
 		}
 		r := o.retries()
@@ -139,7 +139,7 @@ func (c *Correlator) retry(q *query) {
 			q.held = true
 		}
 	case o.attemptOver():
-		c.closeOpen(o, o.retry.sentNs, true)
+		c.closeStall(o, o.retry.sentNs, true)
 	}
 }
 
@@ -153,7 +153,7 @@ func (c *Correlator) retry(q *query) {
 // no lookup's own: pods that count their lookups (the lab's musl
 // emulation) ask with the same ids at the same time, and in one pod
 // another process may draw the ids a lookup has.
-func (c *Correlator) resends(o *open, q *query) bool {
+func (c *Correlator) resends(o *stall, q *query) bool {
 	// The stall's name state is keyed by a hash of both: check them.
 	if first := o.queries[0]; q.netns != first.netns || q.name != first.name {
 		return false
@@ -182,7 +182,7 @@ func lookupID(q *query) uint32 { return uint32(q.qtype)<<16 | uint32(q.id) }
 // attemptOver: every query of the retry's attempt was answered (a lost one
 // goes on the stall, and a dropped one stays unanswered until its drop is
 // decided).
-func (o *open) attemptOver() bool {
+func (o *stall) attemptOver() bool {
 	for _, q := range o.attempt() {
 		if !q.dead && q.state == statePending {
 			return false
@@ -197,7 +197,7 @@ func (o *open) attemptOver() bool {
 // attempt can come: the stall ends without waiting out MinRetryGap for
 // the rest of it. glibc resends both queries of a lookup; musl only the
 // unanswered ones, whose attempt is over MinRetryGap after its retry.
-func (o *open) resentAll() bool {
+func (o *stall) resentAll() bool {
 	r := o.r
 	if r == nil || len(r.ids) == 0 || r.idsOf < len(o.queries) {
 		return false // a query found lost late whose sibling is not known yet
@@ -219,7 +219,7 @@ func (o *open) resentAll() bool {
 
 // nextAttempt makes the stall go on: the lookup's attempt that began at
 // at lost a query too. The stall waits for the lookup's next retry.
-func (c *Correlator) nextAttempt(o *open, at uint64) {
+func (c *Correlator) nextAttempt(o *stall, at uint64) {
 	for _, q := range o.attempt() {
 		if q.state != stateLost { // the lost one is the stall's now
 			q.held = false
@@ -237,7 +237,7 @@ func (c *Correlator) nextAttempt(o *open, at uint64) {
 // waiting for its retry's attempt, when that attempt's queries were all
 // sent (MinRetryGap after the retry). A stall ends, not retried, QueryTTL
 // after it: a query of the attempt waited that long is lost by then.
-func (c *Correlator) lastAttempt(o *open) uint64 {
+func (c *Correlator) lastAttempt(o *stall) uint64 {
 	if r := o.retry; r != nil {
 		return r.sentNs + uint64(c.cfg.MinRetryGap)
 	}
@@ -254,12 +254,12 @@ func (c *Correlator) endAttempts(now uint64) {
 	n := 0
 	for _, o := range c.waiting {
 		switch {
-		case o.retry == nil || !c.opens[o]:
+		case o.retry == nil || !c.stalls[o]:
 			o.waiting = false
 			continue
 		case (now >= o.retry.sentNs+gap || o.resentAll()) && o.attemptOver():
 			o.waiting = false
-			c.closeOpen(o, o.retry.sentNs, true)
+			c.closeStall(o, o.retry.sentNs, true)
 			continue
 		}
 		c.waiting[n] = o
@@ -273,7 +273,7 @@ func (c *Correlator) endAttempts(now uint64) {
 // dropped: its answer was dropped, or nothing local saw it at all.
 func (c *Correlator) unansweredLoss(q *query) Packet {
 	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs}
-	if x := q.ext(); x.replyCause != "" {
+	if x := q.extraForRead(); x.replyCause != "" {
 		// decided when the answer's drop was seen
 		p.Cause, p.Reason, p.Location, p.NetNS = x.replyCause, x.replyReason, x.replyLoc, x.replyNS
 		return p
@@ -293,9 +293,9 @@ func (c *Correlator) markLost(q *query, p Packet) {
 	}
 	c.ix.setState(q, stateLost)
 	c.lost++
-	var o *open
+	var o *stall
 	if s, ok := c.ix.names.get(uint64(q.nk)); ok {
-		o = s.open
+		o = s.stall
 	}
 	if o != nil {
 		gap := uint64(c.cfg.MinRetryGap)
@@ -320,28 +320,28 @@ func (c *Correlator) markLost(q *query, p Packet) {
 			} else {
 				o.retry = q
 			}
-			c.closeOpen(o, end, true)
+			c.closeStall(o, end, true)
 			o = nil
 		}
 	}
 	if o == nil {
 		c.capStalls(q.sentNs)
-		o = &open{key: q.nk, firstNs: q.sentNs, attemptNs: q.sentNs}
+		o = &stall{key: q.nk, firstNs: q.sentNs, attemptNs: q.sentNs}
 		o.inc, o.queries = &o.incident, o.query1[:0]
 		if o.sib = c.siblingQuery(q); o.sib != nil {
 			o.sib.held = true
 		}
 		c.fillIncident(o.inc, q, p.Cause, p.Race)
 		o.inc.Lost = o.lost1[:0]
-		// Asked for only now: closeOpen above forgets the name's state
+		// Asked for only now: closeStall above forgets the name's state
 		// when nothing else is going on, and a state held across it was
 		// recycled for another name with this stall in it.
-		c.ix.nameStateOf(q.nk).open = o
-		if len(c.opens) == 0 || o.attemptNs < c.openLow {
-			c.openLow = o.attemptNs
+		c.ix.nameStateOf(q.nk).stall = o
+		if len(c.stalls) == 0 || o.attemptNs < c.stallLow {
+			c.stallLow = o.attemptNs
 		}
-		c.opens[o] = true
-		c.openLog.push(o)
+		c.stalls[o] = true
+		c.stallLog.push(o)
 	}
 	q.held = true
 	o.queries = append(o.queries, q)
@@ -351,8 +351,8 @@ func (c *Correlator) markLost(q *query, p Packet) {
 // capStalls makes room for one more stall in progress: past MaxStalls the
 // oldest is reported now, as not retried, and counted.
 func (c *Correlator) capStalls(now uint64) {
-	for len(c.opens) >= c.cfg.MaxStalls && c.openLog.len() > 0 {
-		if o := c.openLog.pop(); c.opens[o] {
+	for len(c.stalls) >= c.cfg.MaxStalls && c.stallLog.len() > 0 {
+		if o := c.stallLog.pop(); c.stalls[o] {
 			c.finish(o, now)
 			c.early++
 		}
@@ -417,21 +417,21 @@ func (c *Correlator) rescued(q *query, ns uint32, loser, winner event.CT, wqid u
 
 // finish ends a stall that no retry ended in time: at its retry if the
 // retry's attempt was still under way, else not retried.
-func (c *Correlator) finish(o *open, now uint64) {
+func (c *Correlator) finish(o *stall, now uint64) {
 	if r := o.retry; r != nil {
-		c.closeOpen(o, r.sentNs, true)
+		c.closeStall(o, r.sentNs, true)
 		return
 	}
-	c.closeOpen(o, now, false)
+	c.closeStall(o, now, false)
 }
 
-// closeOpen reports o's incident and forgets its name's state if nothing
+// closeStall reports o's incident and forgets its name's state if nothing
 // else is going on there: a caller must not use a *nameState it holds
 // across it.
-func (c *Correlator) closeOpen(o *open, endNs uint64, retried bool) {
-	delete(c.opens, o)
-	if s, ok := c.ix.names.get(uint64(o.key)); ok && s.open == o {
-		s.open = nil
+func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
+	delete(c.stalls, o)
+	if s, ok := c.ix.names.get(uint64(o.key)); ok && s.stall == o {
+		s.stall = nil
 		c.ix.dropName(o.key, s)
 	}
 	inc := o.inc
@@ -444,12 +444,12 @@ func (c *Correlator) closeOpen(o *open, endNs uint64, retried bool) {
 		inc.StallMs = &ms
 	}
 	first := o.queries[0]
-	if inc.Race == nil && first.ext().race != "" {
-		r := first.ext().race
+	if inc.Race == nil && first.extraForRead().race != "" {
+		r := first.extraForRead().race
 		inc.Race = &r
 	}
 	for _, q := range o.queries {
-		if w := q.ext().winner; w != nil {
+		if w := q.extraForRead().winner; w != nil {
 			inc.Winner = w
 			break
 		}

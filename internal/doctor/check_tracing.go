@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 
+	"github.com/dnsrace/dnsrace/internal/clashfix"
 	"github.com/dnsrace/dnsrace/internal/kconfig"
 )
 
@@ -181,10 +182,26 @@ func checkTracing(_ context.Context, e *env) Result {
 			Reason: fmt.Sprintf("the tier needs a live trial load (BTF present, kprobes %s): rerun with --live on the node", kprobes)}
 	default:
 		r.Verdict = Warn
-		r.Summary = fmt.Sprintf("dnsrace trace runs in the tracepoint tier only (fentry refused, kprobes %s): queries followed on every device, winners named from the entries seen confirmed, merged losers from freed entries; it costs more per packet than the function tiers", kprobes)
+		r.Summary = fmt.Sprintf("dnsrace trace runs in the tracepoint tier only (fentry refused, kprobes %s): queries followed on every device, winners named from the entries seen confirmed, %s; it costs more per packet than the function tiers", kprobes, mergedLosersSeen(release))
 		r.Fix = "for confirm's own verdicts and no per-packet device hooks run on a kernel that loads fentry programs (BPF LSM and lockdown permitting) or has CONFIG_KPROBES=y; the tracepoint tier still explains and counts every loss"
 	}
 	return r
+}
+
+// mergedLosersSeen says how the tracepoint tier sees a clash loser the
+// kernel merged into the winner's entry on a kernel of this release, as
+// internal/probe picks it: a netfilter program just before confirm from
+// Linux 6.4 (BPF_PROG_TYPE_NETFILTER), the loser's unconfirmed entry freed
+// (kmem_cache_free) before.
+func mergedLosersSeen(release string) string {
+	v, err := clashfix.ParseRelease(release)
+	switch {
+	case err != nil:
+		return "merged losers by a netfilter program just before confirm (Linux 6.4+), before 6.4 by their unconfirmed entries freed (kmem_cache_free)"
+	case v.AtLeast(6, 4):
+		return "merged losers by a netfilter program just before confirm"
+	}
+	return "merged losers by their unconfirmed entries freed (kmem_cache_free)"
 }
 
 func shortErr(err error) string {

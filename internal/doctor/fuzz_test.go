@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -60,7 +61,7 @@ func FuzzParseIptablesSave(f *testing.F) {
 			if n.Kind != "MASQUERADE" && n.Kind != "SNAT" {
 				t.Errorf("NAT kind %q", n.Kind)
 			}
-			if n.FullyRandom && !hasWord(strings.Fields(n.Text), "--random-fully") {
+			if n.FullyRandom && !slices.Contains(strings.Fields(n.Text), "--random-fully") {
 				t.Errorf("fully random without --random-fully: %q", n.Text)
 			}
 		}

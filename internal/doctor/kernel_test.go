@@ -79,3 +79,21 @@ func TestTracingNoKprobesNoBTF(t *testing.T) {
 		t.Errorf("%s %q %q %q", r.Verdict, r.Summary, r.Reason, r.Evidence)
 	}
 }
+
+// The tracepoint tier's summary says how merged clash losers are seen as
+// internal/probe sees them on that kernel: a netfilter program just before
+// confirm from 6.4, the loser's entry freed before.
+func TestMergedLosersSeenByRelease(t *testing.T) {
+	for _, c := range []struct{ release, want, not string }{
+		{"6.18.44-fc-v657", "netfilter program just before confirm", "freed"},
+		{"6.4.0", "netfilter program just before confirm", "freed"},
+		{"6.1.0-57-cloud-amd64", "unconfirmed entries freed (kmem_cache_free)", "netfilter"},
+		{"5.10.0-35-amd64", "unconfirmed entries freed (kmem_cache_free)", "netfilter"},
+		{"", "before 6.4 by their unconfirmed entries freed", ""},
+	} {
+		got := mergedLosersSeen(c.release)
+		if !strings.Contains(got, c.want) || (c.not != "" && strings.Contains(got, c.not)) {
+			t.Errorf("release %q: %q; want %q, not %q", c.release, got, c.want, c.not)
+		}
+	}
+}

@@ -355,9 +355,8 @@ func TestLiveTracing(t *testing.T) {
 		}
 	}
 	ev := strings.Join(tr.Evidence, "\n")
-	// On this project's development and CI machines (x86_64, Linux 6.18)
-	// an fentry program load is refused with EPERM and a tp_btf one
-	// succeeds; on any kernel, the check must have tried both.
+	// An fentry program load can be refused (EPERM) where a tp_btf one
+	// succeeds: on any kernel, the check must have tried both.
 	if !strings.Contains(ev, "trial load fentry/__nf_conntrack_confirm: ") || !strings.Contains(ev, "trial load tp_btf/kfree_skb: ") {
 		t.Errorf("no trial loads in evidence:\n%s", ev)
 	}

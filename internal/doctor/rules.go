@@ -3,6 +3,7 @@ package doctor
 import (
 	"bufio"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -85,15 +86,6 @@ func argAfter(words []string, flag string) string {
 	return ""
 }
 
-func hasWord(words []string, w string) bool {
-	for _, x := range words {
-		if x == w {
-			return true
-		}
-	}
-	return false
-}
-
 // parseIptablesSave reads iptables-save output (several dumps may be
 // concatenated). Malformed lines are skipped; iptables-save output is
 // machine-written, so the parser only needs to be robust, not strict.
@@ -142,7 +134,7 @@ func parseIptablesSave(source, text string) ruleFacts {
 		var desc []string
 		for _, r := range rules {
 			w := r.words
-			if hasWord(w, "statistic") && argAfter(w, "--mode") == "random" {
+			if slices.Contains(w, "statistic") && argAfter(w, "--mode") == "random" {
 				random = true
 			}
 			switch t := argAfter(w, "-j"); {
@@ -161,9 +153,9 @@ func parseIptablesSave(source, text string) ruleFacts {
 			switch t := argAfter(w, "-j"); t {
 			case "MASQUERADE", "SNAT":
 				f.NAT = append(f.NAT, natRule{Source: source, Where: key, Kind: t,
-					Random: hasWord(w, "--random"), FullyRandom: hasWord(w, "--random-fully"), Text: strings.Join(w, " ")})
+					Random: slices.Contains(w, "--random"), FullyRandom: slices.Contains(w, "--random-fully"), Text: strings.Join(w, " ")})
 			case "NOTRACK", "CT":
-				if (t == "NOTRACK" || hasWord(w, "--notrack")) && strings.Contains(strings.Join(w, " "), nodeLocalIP) {
+				if (t == "NOTRACK" || slices.Contains(w, "--notrack")) && strings.Contains(strings.Join(w, " "), nodeLocalIP) {
 					f.Notrack = append(f.Notrack, source+": "+strings.Join(w, " "))
 				}
 			}

@@ -188,8 +188,8 @@ func TestDecodeQuery(t *testing.T) {
 		e.NetNS != 4026531840 || e.PID != 4242 || e.CPU != 1 || e.Cgroup != 77 || e.Flags != FlagNoSocket {
 		t.Errorf("scalars: %+v", e)
 	}
-	if e.CommString() != "getent" {
-		t.Errorf("comm %q", e.CommString())
+	if CommString(e.Comm) != "getent" {
+		t.Errorf("comm %q", CommString(e.Comm))
 	}
 	if got := e.Packet.String(); got != "10.0.0.1:40000->10.96.0.10:53" || e.Packet.Proto != 17 {
 		t.Errorf("packet %s proto %d", got, e.Packet.Proto)

@@ -150,8 +150,7 @@ const maxWire = 255
 // The question name is kept as its labels came on the wire and shown in
 // dotted form only when asked for (QName, NameBytes): following a query
 // needs only its hash (NameKey), and a node asks for few distinct names, so
-// most queries' names are never converted (that was a quarter of the read
-// path's instructions).
+// most queries' names are never converted.
 type DNS struct {
 	Valid         bool
 	ID            uint16
@@ -318,14 +317,15 @@ type Event struct {
 // Response reports whether the record's packet is a DNS response.
 func (e *Event) Response() bool { return e.Flags&FlagResponse != 0 }
 
-// CommString returns Comm up to its first NUL.
-func (e *Event) CommString() string {
-	for i, c := range e.Comm {
+// CommString returns a process name as the kernel keeps it (Event.Comm:
+// NUL-padded, unterminated at 16 bytes) up to its first NUL.
+func CommString(comm [16]byte) string {
+	for i, c := range comm {
 		if c == 0 {
-			return string(e.Comm[:i])
+			return string(comm[:i])
 		}
 	}
-	return string(e.Comm[:])
+	return string(comm[:])
 }
 
 // Indexes of the kernel side's per-CPU counters (enum dnsrace_stat).

@@ -56,7 +56,7 @@ func ExampleDecode() {
 		switch e.Kind {
 		case event.KindQuery:
 			fmt.Printf("%v qid %d (%v, netns %d): %s pid %d %s: id %d %s? %s\n", e.Kind, e.QID, e.Tier, e.NetNS,
-				e.CommString(), e.PID, e.Packet, e.DNS.ID, dns.TypeToString[e.DNS.QType], e.DNS.QName())
+				event.CommString(e.Comm), e.PID, e.Packet, e.DNS.ID, dns.TypeToString[e.DNS.QType], e.DNS.QName())
 		case event.KindAnswer:
 			fmt.Printf("%v qid %d: %s\n", e.Kind, e.QID, dns.RcodeToString[int(e.DNS.Rcode)])
 		default:

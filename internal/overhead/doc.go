@@ -6,9 +6,11 @@
 // and without the tracer in alternating rounds so that drift cancels out.
 // The tracer runs as a child process (`dnsrace trace --json`), so its CPU
 // time and RSS are its own and its summary's events_lost is the kernel's
-// count of events the ring buffer had no room for.
+// count of records the ring buffer had no room for. A Result (results.go)
+// calls them records, in its JSON keys as in its text report (report.go).
 //
 // Contract: every figure is measured, never asserted; the only check is
-// Smoke's, a correctness check (no lost events at a modest rate). Floods
-// only target addresses inside the lab's namespaces or loopback.
+// Problems' (dnsrace bench --smoke), a correctness check: no record lost at
+// a modest rate, and the DNS floods' answers followed to their queries.
+// Floods only target addresses inside the lab's namespaces or loopback.
 package overhead

@@ -78,7 +78,7 @@ func putHex(b []byte, v uint32) {
 // what it sent. It leaves no socket open.
 func Flood(ctx context.Context, cfg FloodConfig) (FloodResult, error) {
 	if cfg.Duration <= 0 {
-		return FloodResult{}, errors.New("flood: duration must be positive")
+		return FloodResult{}, errors.New("starting a flood: FloodConfig.Duration must be positive")
 	}
 	if cfg.Sockets <= 0 {
 		cfg.Sockets = 2
@@ -92,7 +92,7 @@ func Flood(ctx context.Context, cfg FloodConfig) (FloodResult, error) {
 	for range cfg.Sockets {
 		fd, err := udpSocket(cfg.NS, netip.AddrPort{}, cfg.Dst)
 		if err != nil {
-			return FloodResult{}, fmt.Errorf("flood socket: %w", err)
+			return FloodResult{}, fmt.Errorf("opening a flood socket: %w", err)
 		}
 		fds = append(fds, fd)
 	}

@@ -33,11 +33,49 @@ func TestProblems(t *testing.T) {
 	}
 	lost := &Result{Capacity: []Step{{Rate: 2000, Seconds: 5, Received: 2000, Queries: 10000, Lost: 3}}}
 	if p := Problems(lost); len(p) != 1 {
-		t.Errorf("lost events: %v", p)
+		t.Errorf("lost records: %v", p)
 	}
 	missed := &Result{Capacity: []Step{{Rate: 2000, Seconds: 5, Received: 2000, Queries: 9000}}}
 	if p := Problems(missed); len(p) != 1 {
 		t.Errorf("queries missed: %v", p)
+	}
+}
+
+// TestResultSaysRecords: a Result's JSON names the tracer's ring buffer
+// records as its text report does, "records", never "events".
+func TestResultSaysRecords(t *testing.T) {
+	r := &Result{
+		Cases:    []CaseResult{{Name: "udp-forward", Records: 1, RecordBytes: 2, RecordsLost: 3, Runs: &Runs{RecordsLost: 4}}},
+		Capacity: []Step{{Rate: 2000, Records: 5, RecordBytes: 6, RecordsPS: 7, Lost: 8}},
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Cases    []map[string]any `json:"cases"`
+		Capacity []map[string]any `json:"capacity"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]map[string]float64{
+		"case":     {"records": 1, "record_bytes": 2, "records_lost": 3},
+		"runs":     {"records_lost": 4},
+		"capacity": {"records": 5, "record_bytes": 6, "records_per_s": 7, "records_lost": 8},
+	}
+	got := map[string]map[string]any{"case": doc.Cases[0], "runs": doc.Cases[0]["runs"].(map[string]any), "capacity": doc.Capacity[0]}
+	for part, keys := range want {
+		for k, v := range keys {
+			if got[part][k] != v {
+				t.Errorf("%s: %q is %v, want %v", part, k, got[part][k], v)
+			}
+		}
+		for k := range got[part] {
+			if strings.Contains(k, "event") {
+				t.Errorf("%s: key %q says events", part, k)
+			}
+		}
 	}
 }
 
@@ -86,7 +124,7 @@ func TestProgDelta(t *testing.T) {
 	if got := r.Per("tp_x"); got != 0 {
 		t.Errorf("Per(tp_x) = %v, want 0", got)
 	}
-	if got := runsLine(&Runs{Unit: "loop", Invalid: true, EventsLost: 7}); got != "invalid: 7 records lost during the pass" {
+	if got := runsLine(&Runs{Unit: "loop", Invalid: true, RecordsLost: 7}); got != "invalid: 7 records lost during the pass" {
 		t.Errorf("invalid pass: %q", got)
 	}
 }
@@ -148,7 +186,7 @@ func TestHooksOnlyShown(t *testing.T) {
 func TestUnfollowedAnswersInvalid(t *testing.T) {
 	r := &Result{Cases: []CaseResult{
 		{Name: "dns-loopback", DNS: true, Untraced: 100, Traced: 90, Invalid: true, Unfollowed: 368952},
-		{Name: "dns-forward", DNS: true, Untraced: 100, Traced: 90, Invalid: true, EventsLost: 7},
+		{Name: "dns-forward", DNS: true, Untraced: 100, Traced: 90, Invalid: true, RecordsLost: 7},
 	}}
 	var out bytes.Buffer
 	WriteText(&out, r)
@@ -262,7 +300,7 @@ func TestCPUPerUnitShown(t *testing.T) {
 		{Name: "udp-forward", Path: "forward", Target: 0.98, Untraced: 111111, Traced: 100000, Ratio: 0.9,
 			UntracedCPUUs: 8, TracedCPUUs: 9, HooksOnlyCPUUs: 8.25, TracerCPU: 0.01,
 			Runs: &Runs{Unit: "packet", Units: 1000, PerUnit: 6, Programs: []ProgStat{{Name: "a", Runs: 4000, RunTimeNs: 300000}, {Name: "b", Runs: 2000, RunTimeNs: 100000}}}},
-		{Name: "dns-loopback", DNS: true, Target: 0.90, Invalid: true, EventsLost: 3},
+		{Name: "dns-loopback", DNS: true, Target: 0.90, Invalid: true, RecordsLost: 3},
 	}})
 	want := "dns-forward   machine CPU per query: 10.80 µs untraced, 15.30 traced: tracing costs 4.50 µs a query, the target leaves 1.20"
 	hooks := "udp-forward   machine CPU per packet: 8.00 µs untraced, 9.00 traced: tracing costs 1.00 µs a packet (the hooks alone 0.25), the target leaves 0.16"

@@ -26,10 +26,10 @@ type Runs struct {
 	// Programs: each program's runs and time (run_time_ns, which includes
 	// the accounting's own clock reads), busiest first.
 	Programs []ProgStat `json:"programs"`
-	// EventsLost over the whole pass: a pass that lost records did not do
+	// RecordsLost over the whole pass: a pass that lost records did not do
 	// the work it counts, and has no figure (Invalid).
-	EventsLost uint64 `json:"events_lost"`
-	Invalid    bool   `json:"invalid,omitempty"`
+	RecordsLost uint64 `json:"records_lost"`
+	Invalid     bool   `json:"invalid,omitempty"`
 }
 
 // Per returns program name's runs per unit (0 when it did not run).
@@ -77,7 +77,7 @@ func (h *harness) count(ctx context.Context, cases []Case) ([]*Runs, error) {
 		return nil, err
 	}
 	for _, r := range out {
-		r.EventsLost = sum.EventsLost
+		r.RecordsLost = sum.EventsLost
 		r.Invalid = sum.EventsLost > 0
 	}
 	return out, nil
@@ -151,7 +151,7 @@ func runsLine(r *Runs) string {
 		return "-"
 	}
 	if r.Invalid {
-		return fmt.Sprintf("invalid: %d records lost during the pass", r.EventsLost)
+		return fmt.Sprintf("invalid: %d records lost during the pass", r.RecordsLost)
 	}
 	if r.Units <= 0 {
 		return fmt.Sprintf("no %s counted", r.Unit)

@@ -22,16 +22,16 @@ type Sink struct {
 
 // StartSink binds one socket to addr in ns, read by workers goroutines,
 // and counts. Not one SO_REUSEPORT socket per worker: the kernel spreads
-// flows over those by hash, and with two sending sockets both flows landed
-// on one socket in about half the rounds, which halved the responder,
-// overflowed its buffer and made the floods' rounds bimodal.
+// flows over those by hash, so two sending sockets' flows can land on one
+// socket, which halves the responder, overflows its buffer and makes the
+// floods' rounds bimodal.
 func StartSink(ns string, addr netip.AddrPort, answer bool, workers int) (*Sink, error) {
 	if workers <= 0 {
 		workers = 2
 	}
 	fd, err := udpSocket(ns, addr, netip.AddrPort{})
 	if err != nil {
-		return nil, fmt.Errorf("sink: %w", err)
+		return nil, fmt.Errorf("opening the sink's socket: %w", err)
 	}
 	s := &Sink{fd: fd}
 	for range workers {

@@ -134,7 +134,7 @@ func (t *tracerProc) stop() (*TraceSummary, int, error) {
 	incidents := 0
 	f, err := os.Open(filepath.Join(t.dir, outputName))
 	if err != nil {
-		return nil, 0, fmt.Errorf("tracer output: %w (%s)", err, bytes.TrimSpace(t.errb.Bytes()))
+		return nil, 0, fmt.Errorf("reading the tracer's output: %w (%s)", err, bytes.TrimSpace(t.errb.Bytes()))
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
@@ -152,7 +152,7 @@ func (t *tracerProc) stop() (*TraceSummary, int, error) {
 		case "summary":
 			sum = &TraceSummary{}
 			if err := json.Unmarshal(sc.Bytes(), sum); err != nil {
-				return nil, incidents, fmt.Errorf("tracer summary: %w", err)
+				return nil, incidents, fmt.Errorf("decoding the tracer's summary: %w", err)
 			}
 		}
 	}

@@ -114,8 +114,8 @@ func (r *Resolver) CgroupRoot() string { return r.cfg.CgroupRoot }
 func (r *Resolver) Lookup(netns, pid uint32, cgroup uint64) (Pod, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	// One clock read for the three caches: in a flood of incidents from
-	// outside any pod, three were 4% of the tracer's CPU.
+	// One clock read for the three caches: a flood of incidents from
+	// outside any pod asks all three for every incident.
 	now := r.now()
 	r.sweep(now)
 	if cgroup != 0 {

@@ -52,7 +52,9 @@
 //     kernel's BTF; values are never hard-coded.
 //
 // Open needs root (or CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN) and kernel BTF
-// (/sys/kernel/btf/vmlinux, or Options.KernelBTF). No tracefs or bpffs mount
-// is needed: tp_btf, fentry, kprobe.multi and netfilter programs attach
-// through BPF links and kprobes through the perf kprobe PMU.
+// (/sys/kernel/btf/vmlinux, or Options.KernelBTF); without either it fails
+// before loading anything, with an error that names both (callers do not
+// check BTF themselves). No tracefs or bpffs mount is needed: tp_btf,
+// fentry, kprobe.multi and netfilter programs attach through BPF links and
+// kprobes through the perf kprobe PMU.
 package probe

@@ -36,9 +36,7 @@ import (
 // query's flow in the kernel: an ANSWER record with the query's id. The
 // test checks that the map really was full and evicting the whole time
 // (evictions = flows the client namespace made - answered - still held);
-// with a map smaller than the queries in flight its tun case fails, as it
-// did in the tracepoint tier in 4 of 6 runs before the room was
-// added.
+// with a map smaller than the queries in flight its tun case fails.
 //
 // The answering server is in the server namespace (veth), or behind a tun
 // device of the client namespace (tun): a server off the machine, as a

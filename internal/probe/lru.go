@@ -13,9 +13,9 @@ import (
 // kernel/bpf/bpf_lru_list.c; 6.16 lowers it for small maps), evicting as
 // many to get them, and holds the ones it has not used yet aside: an entry
 // can be evicted after about size - 128 x CPUs - 128 newer inserts, not
-// size. Measured (TestFreshFlowsSurviveFullMap's tun case, tracepoint tier,
-// 2 CPUs, 1,024 flows): 2 of 6 runs followed every answer as sized, 5 of 6
-// with 128 per CPU on top, 30 of 30 with 256.
+// size. One batch per CPU on top is not enough room: the tun case of
+// TestFreshFlowsSurviveFullMap (a full map, the tracepoint tier) can still
+// lose answers with it; two is enough.
 const lruRoomPerCPU = 2 * 128
 
 // addLRURoom gives every common LRU hash map of spec lruRoomPerCPU entries

@@ -3,6 +3,7 @@ package probe
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 	"sync"
@@ -294,8 +295,8 @@ func kernelSpec(path string, cache *btf.Cache) (*btf.Spec, error) {
 		}
 		return s, nil
 	}
-	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
-		return nil, fmt.Errorf("this kernel exposes no BTF (/sys/kernel/btf/vmlinux: %w): dnsrace needs CONFIG_DEBUG_INFO_BTF=y, or a BTF file for this kernel passed with --kernel-btf", err)
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); errors.Is(err, fs.ErrNotExist) {
+		return nil, errors.New("this kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): dnsrace needs CONFIG_DEBUG_INFO_BTF=y, or pass --kernel-btf FILE with this kernel's BTF")
 	}
 	s, err := cache.Kernel()
 	if err != nil {

@@ -333,9 +333,9 @@ func TestLost(t *testing.T) {
 // entries match). The fentry/kprobe tiers see the merge at confirm's return
 // (the winner named), the tracepoint tier the loser's freed unconfirmed
 // entry. A chain of rules between the DNAT and confirm widens the window in
-// which the second packet finds no confirmed entry (measured under qemu: 34
-// to 250 clashes in the first 500 pairs, six runs on 6.1 and 6.12); no
-// clash within the bound fails in CI (and skips elsewhere). Needs two CPUs.
+// which the second packet finds no confirmed entry, so clashes come within
+// the bound under emulation too; no clash within it fails in CI (and skips
+// elsewhere). Needs two CPUs.
 // In the tracepoint tier the netfilter program (6.4+) sees the merge too:
 // the loser's entry just before confirm, another one at its egress.
 func TestClash(t *testing.T) {

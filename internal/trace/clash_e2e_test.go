@@ -26,8 +26,8 @@ import (
 // clashThreads is how many threads write the same query on one socket at
 // once: DNSRACE_TEST_CLASH_THREADS, default 4: two a CPU here. The kernel's own
 // conntrack_clash.sh selftest (udpclash) runs 128; on two CPUs those take
-// turns, and a burst of 128 spinning threads took a twentieth of a second
-// more for the same races.
+// turns, and a burst of 128 spinning threads takes longer for the same
+// races.
 func clashThreads(t *testing.T) int {
 	return testutil.EnvInt(t, "DNSRACE_TEST_CLASH_THREADS", 4, 2)
 }
@@ -153,8 +153,8 @@ func clashUntil(t *testing.T, natNS, from string, dst netip.AddrPort, threads in
 
 // clashWorkers are threads, each locked and pinned to a CPU
 // in turn, that write one message on one socket together when a burst's
-// start flag is set. They live across bursts: making 128 threads a burst took a
-// second each.
+// start flag is set. They live across bursts: making the threads anew
+// would cost each burst more than its races.
 type clashWorkers struct {
 	bursts []chan clashJob
 	wg     sync.WaitGroup
