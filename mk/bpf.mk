@@ -10,7 +10,7 @@ BPF2GO_CC ?= $(CURDIR)/scripts/bpf-cc clang-19
 BPF2GO_STRIP ?= llvm-strip-19
 BPF2GO_CFLAGS ?= -O2 -g -Wall -Werror -mcpu=v2
 
-BPF_SOURCES := $(wildcard bpf/*.c bpf/*.h headers/*.h)
+BPF_SOURCES := $(wildcard bpf/*.c bpf/*.h bpf/lib/*.h headers/*.h)
 
 .PHONY: generate generate-check
 
@@ -20,3 +20,9 @@ generate: ## Regenerate internal/bpf from bpf/ (needs clang-19, llvm-19)
 
 generate-check: generate ## Regenerate and fail if the committed objects differ
 	git diff --exit-code -- internal/bpf/
+
+.PHONY: bpf-same-code
+
+bpf-same-code: generate ## Regenerate and check every BPF instruction is as in BASE (BASE=<git rev>)
+	@test -n "$(BASE)" || { echo "usage: make bpf-same-code BASE=<git rev>"; exit 2; }
+	BPF2GO_STRIP="$(BPF2GO_STRIP)" BPF2GO_CFLAGS="$(BPF2GO_CFLAGS)" scripts/bpf-same-code $(BASE)
