@@ -1,4 +1,4 @@
-/* Shared between the BPF programs (bpf/dnsrace.bpf.c) and user space.
+/* Shared between the BPF programs (bpf/dnsrace.bpf.c, bpf/lib/) and user space.
  *
  * The kernel side owns each DNS flow and sends user space only what changes
  * its mind: one QUERY record when a query is first seen, one EVENT record

@@ -1,7 +1,8 @@
 # BPF code generation, included from the top Makefile (include mk/bpf.mk).
 #
-# bpf2go compiles bpf/dnsrace.bpf.c against headers/ and writes the object and
-# Go bindings to internal/bpf/. The outputs are committed; CI runs
+# bpf2go compiles bpf/dnsrace.bpf.c (and the bpf/lib/ headers it includes)
+# against headers/ and writes the object and Go bindings to internal/bpf/.
+# The outputs are committed; CI runs
 # `make generate` and fails on `git diff`, so these settings must stay what
 # produced the committed files. scripts/bpf-cc runs clang so that the bytes do
 # not depend on the checkout's path or on address randomisation.

@@ -121,7 +121,7 @@ func (t Tuple) String() string {
 
 // Conntrack status bits (include/uapi/linux/netfilter/
 // nf_conntrack_common.h) that user space reads (CT.Confirmed) or its tests
-// set. The kernel side reads IPS_NAT_CLASH itself (bpf/dnsrace.bpf.c).
+// set. The kernel side reads IPS_NAT_CLASH itself (bpf/lib/conntrack.h).
 const (
 	IPSConfirmed = 1 << 3
 	IPSDstNAT    = 1 << 5
