@@ -24,6 +24,7 @@ generate-check: generate ## Regenerate and fail if the committed objects differ
 
 .PHONY: bpf-same-code
 
-bpf-same-code: generate ## Regenerate and check every BPF instruction is as in BASE (BASE=<git rev>)
-	@test -n "$(BASE)" || { echo "usage: make bpf-same-code BASE=<git rev>"; exit 2; }
-	BPF2GO_STRIP="$(BPF2GO_STRIP)" BPF2GO_CFLAGS="$(BPF2GO_CFLAGS)" scripts/bpf-same-code $(BASE)
+# RENAME="old=new ..." maps symbols renamed since BASE (maps, variables, programs).
+bpf-same-code: generate ## Regenerate and check every BPF instruction is as in BASE (BASE=<git rev> [RENAME="old=new ..."])
+	@test -n "$(BASE)" || { echo "usage: make bpf-same-code BASE=<git rev> [RENAME=\"old=new ...\"]"; exit 2; }
+	BPF2GO_STRIP="$(BPF2GO_STRIP)" BPF2GO_CFLAGS="$(BPF2GO_CFLAGS)" scripts/bpf-same-code $(BASE) $(RENAME)
