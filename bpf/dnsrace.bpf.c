@@ -261,24 +261,23 @@ int BPF_PROG(fe_udpv6_sendmsg, struct sock *sk, struct msghdr *msg)
  *   (skb, location)                  before v5.17
  *   (skb, location, reason)          c504e5c2f964, v5.17
  *   (skb, location, reason, rx_sk)   "net: add rx_sk to trace_kfree_skb", v6.11
- * The tier argument only labels the records: kfree_skb is a tracepoint in
- * every tier. */
+ */
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(tp_kfree_skb_rx_sk, struct sk_buff *skb, void *location, int reason, struct sock *rx_sk)
 {
-	return drop(skb, (__u64)location, reason, rx_sk, TIER_TRACEPOINT);
+	return drop(skb, (__u64)location, reason, rx_sk);
 }
 
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(tp_kfree_skb_reason, struct sk_buff *skb, void *location, int reason)
 {
-	return drop(skb, (__u64)location, reason, NULL, TIER_TRACEPOINT);
+	return drop(skb, (__u64)location, reason, NULL);
 }
 
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(tp_kfree_skb_noreason, struct sk_buff *skb, void *location)
 {
-	return drop(skb, (__u64)location, 0, NULL, TIER_TRACEPOINT);
+	return drop(skb, (__u64)location, 0, NULL);
 }
 
 /* ---- full receive buffers --------------------------------------------- */

@@ -40,9 +40,10 @@ static __always_inline bool drop_is_final(__u32 reason)
  * here (NAT in its own namespace dropped it before any device did). In the
  * tracepoint tier an unconfirmed entry's drop looks for the entry that
  * holds its reply tuple (another flow got the same mapping) or its original
- * tuple (the same socket's other packet), else waits for it (unresolved). */
-static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reason, struct sock *rx_sk,
-				__u8 tier)
+ * tuple (the same socket's other packet), else waits for it (unresolved).
+ * Its records say TIER_TRACEPOINT in every tier: kfree_skb is a tracepoint
+ * in all of them. */
+static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reason, struct sock *rx_sk)
 {
 	struct seen s = {};
 	if (!dns_packet(skb, &s, true))
@@ -74,7 +75,7 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 		struct flow *f;
 		query_key(&k, &s);
 		__u32 asker = 0;
-		qid = track_query(&s, &k, true, tier, track_cts ? 0 : RF_NO_SOCKET, 0, &asker, &f);
+		qid = track_query(&s, &k, true, TIER_TRACEPOINT, track_cts ? 0 : RF_NO_SOCKET, 0, &asker, &f);
 		if (f)
 			f->pre_ct = 0; /* if confirm judged it, this drop was its verdict */
 		if (track_cts) {
@@ -85,7 +86,7 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 			end_flow(&k, asker);
 	}
 	if (s.ct)
-		announce_netns(s.netns, tier); /* before b: it uses the scratch */
+		announce_netns(s.netns, TIER_TRACEPOINT); /* before b: it uses the scratch */
 	struct event_buf *b = event_buf();
 	if (!b)
 		return 0;
@@ -117,7 +118,7 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 			}
 		}
 	}
-	emit_event(b, EV_DROP, tier, qid, s.netns, s.p.payload, len);
+	emit_event(b, EV_DROP, TIER_TRACEPOINT, qid, s.netns, s.p.payload, len);
 	return 0;
 }
 
