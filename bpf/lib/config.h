@@ -24,9 +24,11 @@ static __always_inline bool within_ms(__u64 then, __u64 now, __u64 ms)
 	return (now - then) * 1000 < ms * cfg.hz;
 }
 
-/* Set by the loader: the tracepoint tier watches entries get confirmed on
- * devices (the confirm hook is missing). */
-volatile const bool track_cts = false;
+/* Set by the loader when the tracer runs on tracepoints alone (its mode,
+ * internal/probe ModeTracepoint): without the conntrack confirm and clash
+ * hooks, the device hooks watch entries get confirmed instead, and no send
+ * hook starts a flow without a source address. */
+volatile const bool tracepoint_mode = false;
 
 static __always_inline bool port_in(__u16 port)
 {

@@ -75,10 +75,10 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 		struct flow *f;
 		query_key(&k, &s);
 		__u32 asker = 0;
-		qid = track_query(&s, &k, true, TIER_TRACEPOINT, track_cts ? 0 : RF_NO_SOCKET, 0, &asker, &f);
+		qid = track_query(&s, &k, true, TIER_TRACEPOINT, tracepoint_mode ? 0 : RF_NO_SOCKET, 0, &asker, &f);
 		if (f)
 			f->pre_ct = 0; /* if confirm judged it, this drop was its verdict */
-		if (track_cts) {
+		if (tracepoint_mode) {
 			__u64 skbp = (__u64)skb;
 			bpf_map_delete_elem(&preconfirm, &skbp);
 		}
@@ -96,7 +96,7 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 	b->r.flags = flags;
 	if (s.ct) {
 		read_ct(&b->r.ct, s.ct);
-		if (track_cts && !s.response && !(b->r.ct.status & IPS_CONFIRMED)) {
+		if (tracepoint_mode && !s.response && !(b->r.ct.status & IPS_CONFIRMED)) {
 			__u64 ctp = (__u64)s.ct;
 			struct ctmark m = {.qid = qid, .flags = CTM_DROPPED, .orig = b->r.ct.orig};
 			bpf_map_update_elem(&cts, &ctp, &m, BPF_ANY);

@@ -50,12 +50,12 @@ static __always_inline void query_key(struct flow_key *k, const struct seen *s)
 
 /* lookup_flow finds the flow of k, or of k without a source address (a
  * socket that had none at send: only the send hooks of the fentry and
- * kprobe tiers start such flows, so the tracepoint tier, track_cts, never
- * pays the second lookup). */
+ * kprobe tiers start such flows, so in tracepoint_mode none pays the
+ * second lookup). */
 static __always_inline struct flow *lookup_flow(struct flow_key *k)
 {
 	struct flow *f = bpf_map_lookup_elem(&flows, k);
-	if (f || track_cts)
+	if (f || tracepoint_mode)
 		return f;
 	struct flow_key z = *k;
 	__builtin_memset(z.saddr, 0, 16);
@@ -118,7 +118,7 @@ static __always_inline __u64 new_flow(struct flow_key *k, __u32 netns, __u64 pay
 	 * queries a rule dropped, which stay (only a drop at the server ends
 	 * a flow): with the map full of those, the fresh flows went first and
 	 * their answers found nothing (TestFreshFlowsSurviveFullMap). */
-	if (!track_cts)
+	if (!tracepoint_mode)
 		bpf_map_lookup_elem(&flows, k);
 	stat_inc(STAT_FLOWS_NEW);
 	struct tuple t = {.sport = k->sport, .dport = k->dport, .family = k->family, .proto = IPPROTO_UDP};
@@ -176,7 +176,7 @@ static __always_inline bool lookup_answer(struct found *o, __u32 netns, const st
 	struct flow_key *k = &o->fk;
 	key_from(k, t, id, true);
 	struct flow *f = bpf_map_lookup_elem(&flows, k);
-	if (!f && !track_cts) {
+	if (!f && !tracepoint_mode) {
 		__builtin_memset(k->saddr, 0, 16);
 		f = bpf_map_lookup_elem(&flows, k);
 	}
@@ -250,7 +250,7 @@ static __always_inline bool answer(struct seen *s, const struct tuple *t, __u8 t
  * lookup_flow finds it) asked from netns. */
 static __always_inline void end_flow(struct flow_key *k, __u32 netns)
 {
-	if (delete_flow(k, netns) || track_cts)
+	if (delete_flow(k, netns) || tracepoint_mode)
 		return;
 	__builtin_memset(k->saddr, 0, 16);
 	delete_flow(k, netns);

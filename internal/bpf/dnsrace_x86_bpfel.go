@@ -426,7 +426,7 @@ const (
 	DnsraceProgTpUdpFailQueueRcvSkb   = "tp_udp_fail_queue_rcv_skb"
 	DnsraceProgTpUdpFailQueueRcvSkbSk = "tp_udp_fail_queue_rcv_skb_sk"
 	DnsraceVarCfg                     = "cfg"
-	DnsraceVarTrackCts                = "track_cts"
+	DnsraceVarTracepointMode          = "tracepoint_mode"
 	DnsraceVarUnusedAnswer            = "unused_answer"
 	DnsraceVarUnusedEvKind            = "unused_ev_kind"
 	DnsraceVarUnusedEvent             = "unused_event"
@@ -537,7 +537,7 @@ type DnsraceMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type DnsraceVariableSpecs struct {
 	Cfg            *ebpf.VariableSpec `ebpf:"cfg"`
-	TrackCts       *ebpf.VariableSpec `ebpf:"track_cts"`
+	TracepointMode *ebpf.VariableSpec `ebpf:"tracepoint_mode"`
 	UnusedAnswer   *ebpf.VariableSpec `ebpf:"unused_answer"`
 	UnusedEvKind   *ebpf.VariableSpec `ebpf:"unused_ev_kind"`
 	UnusedEvent    *ebpf.VariableSpec `ebpf:"unused_event"`
@@ -625,7 +625,7 @@ func (m *DnsraceMaps) Close() error {
 // It can be passed to LoadDnsraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type DnsraceVariables struct {
 	Cfg            *ebpf.Variable `ebpf:"cfg"`
-	TrackCts       *ebpf.Variable `ebpf:"track_cts"`
+	TracepointMode *ebpf.Variable `ebpf:"tracepoint_mode"`
 	UnusedAnswer   *ebpf.Variable `ebpf:"unused_answer"`
 	UnusedEvKind   *ebpf.Variable `ebpf:"unused_ev_kind"`
 	UnusedEvent    *ebpf.Variable `ebpf:"unused_event"`
