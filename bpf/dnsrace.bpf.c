@@ -312,7 +312,7 @@ int BPF_PROG(tp_udp_fail_queue_rcv_skb_sk, int rc, struct sock *sk)
 		bpf_core_read(t.saddr, 4, &sk->__sk_common.skc_daddr);
 		bpf_core_read(t.daddr, 4, &sk->__sk_common.skc_rcv_saddr);
 	}
-	struct event_buf *b = event_buf();
+	struct event_buf *b = new_event();
 	if (!b)
 		return 0;
 	b->r.flags = RF_RESPONSE;

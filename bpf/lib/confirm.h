@@ -56,7 +56,7 @@ static __always_inline void confirm_exit(struct pending_confirm *pc, struct sk_b
 		kind = EV_NAT_CLASH;
 	else
 		goto out;
-	struct event_buf *b = event_buf();
+	struct event_buf *b = new_event();
 	if (!b)
 		goto out;
 	b->r.pkt = pc->pkt;

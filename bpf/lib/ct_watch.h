@@ -84,7 +84,7 @@ static __always_inline void resolve_late(__u32 netns, __u32 dir, const struct tu
 	bpf_map_delete_elem(&unresolved, &k);
 	if (!recent)
 		return;
-	struct event_buf *b = event_buf();
+	struct event_buf *b = new_event();
 	if (!b)
 		return;
 	read_ct(&b->r.winner, ct);
@@ -177,7 +177,7 @@ static __always_inline void note_ct(struct seen *s, __u64 qid, __u32 asker, __u8
 		bpf_map_update_elem(&cts, &ctp, &nm, BPF_ANY);
 		tuple_key(&k, s->netns, 1, &reply);
 		bpf_map_update_elem(&ct_tuples, &k, &ref, BPF_ANY);
-		struct event_buf *b = event_buf();
+		struct event_buf *b = new_event();
 		if (!b)
 			return;
 		read_ct(&b->r.ct, s->ct);
@@ -229,7 +229,7 @@ static __noinline void check_merge(struct seen *s, struct flow *f, __u64 qid, co
 		f->pre_ct = 0;
 	if (!pre || pre == (__u64)s->ct)
 		return;
-	struct event_buf *b = event_buf();
+	struct event_buf *b = new_event();
 	if (!b)
 		return;
 	/* The loser is freed: a merge needs its tuples to be the winner's,
@@ -276,7 +276,7 @@ static __always_inline int ct_freed(struct nf_conn *ct)
 		bpf_map_delete_elem(&cts, &ctp);
 	if (dropped)
 		return 0;
-	struct event_buf *b = event_buf();
+	struct event_buf *b = new_event();
 	if (!b)
 		return 0;
 	read_ct(&b->r.ct, ct);

@@ -87,7 +87,7 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 	}
 	if (s.ct)
 		announce_netns(s.netns, TIER_TRACEPOINT); /* before b: it uses the scratch */
-	struct event_buf *b = event_buf();
+	struct event_buf *b = new_event();
 	if (!b)
 		return 0;
 	b->r.location = location;
@@ -133,7 +133,7 @@ static __always_inline int rcvbuf_full(struct sk_buff *skb, struct sock *sk)
 		return 0;
 	struct found o;
 	__u64 qid = lookup_answer(&o, s.netns, &s.p.t, s.id) ? o.qid : just_answered(&o, s.netns, &s.p.t, s.id);
-	struct event_buf *b = event_buf();
+	struct event_buf *b = new_event();
 	if (!b)
 		return 0;
 	b->r.flags = RF_RESPONSE;

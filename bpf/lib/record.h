@@ -102,7 +102,9 @@ static __always_inline void emit_query(__u64 qid, __u32 netns, const struct tupl
 
 /* ---- EVENT ------------------------------------------------------------ */
 
-static __always_inline struct event_buf *event_buf(void)
+/* new_event starts an EVENT record in this CPU's event_scratch, zeroed:
+ * the caller fills in what the event knows, then emit_event sends it. */
+static __always_inline struct event_buf *new_event(void)
 {
 	__u32 zero = 0;
 	struct event_buf *b = bpf_map_lookup_elem(&event_scratch, &zero);
@@ -151,7 +153,7 @@ static __always_inline void announce_netns(__u32 netns, __u8 tier)
 		return;
 	__u8 one = 1;
 	bpf_map_update_elem(&ct_netns, &netns, &one, BPF_ANY);
-	struct event_buf *b = event_buf();
+	struct event_buf *b = new_event();
 	if (b)
 		emit_event(b, EV_CT_NETNS, tier, 0, netns, 0, 0);
 }
