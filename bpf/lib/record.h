@@ -20,7 +20,7 @@ const enum rec_type *unused_rec_type __attribute__((unused));
 const enum ev_kind *unused_ev_kind __attribute__((unused));
 const enum tier *unused_tier __attribute__((unused));
 const enum rec_flags *unused_rec_flags __attribute__((unused));
-const enum dnsrace_stat *unused_stat __attribute__((unused));
+const enum stat_index *unused_stat __attribute__((unused));
 
 /* Records a CPU sends between two looks at how full the ring is. */
 #define RING_CHECK_EVERY 32

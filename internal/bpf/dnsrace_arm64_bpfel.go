@@ -134,15 +134,6 @@ type DnsraceCtmark struct {
 	}
 }
 
-type DnsraceDnsraceStat uint32
-
-const (
-	DnsraceDnsraceStatSTAT_RING_LOST      DnsraceDnsraceStat = 0
-	DnsraceDnsraceStatSTAT_FLOWS_NEW      DnsraceDnsraceStat = 1
-	DnsraceDnsraceStatSTAT_FLOWS_ANSWERED DnsraceDnsraceStat = 2
-	DnsraceDnsraceStatSTAT_MAX            DnsraceDnsraceStat = 3
-)
-
 type DnsraceEvKind uint32
 
 const (
@@ -366,6 +357,15 @@ const (
 	DnsraceRecTypeREC_QUERY   DnsraceRecType = 1
 	DnsraceRecTypeREC_ANSWER  DnsraceRecType = 2
 	DnsraceRecTypeREC_EVENT   DnsraceRecType = 3
+)
+
+type DnsraceStatIndex uint32
+
+const (
+	DnsraceStatIndexSTAT_RING_LOST      DnsraceStatIndex = 0
+	DnsraceStatIndexSTAT_FLOWS_NEW      DnsraceStatIndex = 1
+	DnsraceStatIndexSTAT_FLOWS_ANSWERED DnsraceStatIndex = 2
+	DnsraceStatIndexSTAT_MAX            DnsraceStatIndex = 3
 )
 
 type DnsraceTier uint32

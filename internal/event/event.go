@@ -328,7 +328,7 @@ func (e *Event) CommString() string {
 	return string(e.Comm[:])
 }
 
-// Indexes of the kernel side's per-CPU counters (enum dnsrace_stat).
+// Indexes of the kernel side's per-CPU counters (enum stat_index).
 const (
 	// StatRingLost: records the ring buffer had no room for.
 	StatRingLost = 0

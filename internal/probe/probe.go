@@ -678,12 +678,19 @@ func (t *Tracer) Stats() Stats {
 		return s
 	}
 	var per []uint64
-	for i, dst := range []*uint64{&s.Lost, &s.FlowsNew, &s.FlowsAnswered} {
-		if m.Lookup(uint32(i), &per) != nil {
+	for _, c := range []struct {
+		index uint32
+		dst   *uint64
+	}{
+		{event.StatRingLost, &s.Lost},
+		{event.StatFlowsNew, &s.FlowsNew},
+		{event.StatFlowsAnswered, &s.FlowsAnswered},
+	} {
+		if m.Lookup(c.index, &per) != nil {
 			continue
 		}
 		for _, n := range per {
-			*dst += n
+			*c.dst += n
 		}
 	}
 	return s
