@@ -16,9 +16,9 @@ volatile const struct config cfg = {
 
 /* Windows (a hop or a resend, a copy of an answer, a late winner) are
  * timed in jiffies: bpf_jiffies64 reads a variable where bpf_ktime_get_ns
- * reads the clock source (32 ns a call on a VM; docs/performance.md), and
- * the tracepoint tier times every hop. Their ends are off by up to a tick
- * (1 to 10 ms), nothing next to the windows' 100 ms to 1 s. */
+ * reads the clock source, slow on a VM, and the tracepoint tier times every
+ * hop. Their ends are off by up to a tick (1 to 10 ms), nothing next to the
+ * windows' 100 ms to 1 s. */
 static __always_inline bool within_ms(__u64 then, __u64 now, __u64 ms)
 {
 	return (now - then) * 1000 < ms * cfg.hz;

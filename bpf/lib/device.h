@@ -58,11 +58,10 @@ static __always_inline int device(struct sk_buff *skb, bool egress)
 	/* Every hop looks its flow up, even where that changes nothing (an
 	 * ingress without an entry): the lookup sets the entry's reference
 	 * bit, and when the map is full (queries nobody answers pile up) the
-	 * LRU evicts entries nothing looked up first. Without the ingress
-	 * lookups the unpaced loopback flood of dnsrace bench (its responder
-	 * drops queries, and the drop hook looks their flows up) lost three
-	 * answers in four; a lookup right after the insert instead still lost
-	 * 0.3-1.1% of them. TestFreshFlowsSurviveFullMap guards it. */
+	 * LRU evicts entries nothing looked up first. A flow still on its way
+	 * must look more recent than the dropped queries' flows the drop hook
+	 * keeps looking up, and one lookup at its birth is not enough for that
+	 * (TestFreshFlowsSurviveFullMap). */
 	query_key(&k, s);
 	__u32 asker = 0;
 	__u64 qid = track_query(s, &k, egress, TIER_TRACEPOINT, 0, 0, &asker, &f);

@@ -116,8 +116,8 @@ static __always_inline __u64 new_flow(struct flow_key *k, __u32 netns, __u64 pay
 	 * tier every later hop looks the flow up; in the others nothing does
 	 * before its answer, while the drop hook looks up the flows of
 	 * queries a rule dropped, which stay (only a drop at the server ends
-	 * a flow): with the map full of those, the fresh flows went first and
-	 * their answers found nothing (TestFreshFlowsSurviveFullMap). */
+	 * a flow): with the map full of those, fresh flows would go first and
+	 * their answers find nothing (TestFreshFlowsSurviveFullMap). */
 	if (!tracepoint_mode)
 		bpf_map_lookup_elem(&flows, k);
 	stat_inc(STAT_FLOWS_NEW);

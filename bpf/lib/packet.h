@@ -127,8 +127,8 @@ static __always_inline bool parse_skb(struct sk_buff *skb, struct pkt *p, bool b
 
 /* skb_netns: the namespace of the skb's device, else of its socket or sk.
  * With btf (tp_btf programs: typed pointers) the chain is direct loads
- * (faulting reads the verifier checks): the helper reads they replace cost
- * more than a non-DNS packet's whole early exit (kernel.bpf_stats_enabled). */
+ * (faulting reads the verifier checks): a helper call per pointer would
+ * cost more than the rest of a non-DNS packet's early exit. */
 static __always_inline __u32 skb_netns(struct sk_buff *skb, struct sock *sk, bool btf)
 {
 	if (btf) {

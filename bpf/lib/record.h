@@ -36,11 +36,10 @@ static __always_inline void stat_inc(__u32 i)
  * the ring is queued; otherwise it drains the ring on its own deadline, so
  * a busy node does not pay a wakeup per record. How full the ring is is
  * asked only every RING_CHECK_EVERY records a CPU sends: the answer reads
- * the reader's position, a cache line the reader keeps writing, and that
- * read cost a quarter of a microsecond per record when a flood's two ends
- * and the reader shared two CPUs (--prog-stats). A wakeup is then late by
- * at most that many records per CPU, against a threshold of 1/8 of the
- * ring. */
+ * the reader's position, a cache line the reader keeps writing, so every
+ * read would miss the cache while the reader keeps up. A wakeup is then
+ * late by at most that many records per CPU, against a threshold of 1/8 of
+ * the ring. */
 static __always_inline __u64 output_flags(void)
 {
 	__u32 *sent = bpf_map_lookup_elem(&ring_sends, &ring_sends_key);
