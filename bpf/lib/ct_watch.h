@@ -112,15 +112,6 @@ static __always_inline void expect_at_reply(struct seen *s, __u64 qid, const str
 	}
 }
 
-/* reply_port_known: a header source port answers of tracked flows use
- * (reply_ports). */
-static __always_inline bool reply_port_known(__u16 port)
-{
-	__u32 w = port >> 6;
-	__u64 *bits = bpf_map_lookup_elem(&reply_ports, &w);
-	return bits && (*bits & (1ULL << (port & 63)));
-}
-
 /* tuple_reversed: a is b the other way round, so no NAT changed the
  * entry. When NAT did, in the asking namespace itself, the answers arrive
  * there with the entry's reply tuple rather than the flow's key reversed. */

@@ -7,7 +7,7 @@
 #include "vmlinux.h"
 #include "bpf_helpers.h"
 #include "dnsrace.h"
-#include "packet.h"
+#include "packet_types.h"
 
 /* ---- records ---------------------------------------------------------- */
 

@@ -11,18 +11,11 @@
 #include "dnsrace.h"
 #include "config.h"
 #include "conntrack.h"
+#include "packet_types.h"
+#include "maps.h"
 
 #define ETH_P_IP 0x0800
 #define ETH_P_IPV6 0x86DD
-
-/* What the header parse of an skb found. */
-struct pkt {
-	struct tuple t;
-	__u64 payload; /* kernel address of the UDP payload */
-	__u32 payload_len;
-	__u16 dns[2]; /* the payload's first 4 bytes (DNS id, flags), network order */
-	bool dns_read; /* dns holds them (read with the headers) */
-};
 
 /* The headers and the first 4 payload bytes, in one read: the DNS id and
  * flags come with the headers (a second helper call saved per DNS packet
@@ -153,18 +146,6 @@ static __always_inline __u32 skb_netns(struct sk_buff *skb, struct sock *sk, boo
 	return inum;
 }
 
-/* A DNS packet at a packet hook. */
-struct seen {
-	struct pkt p;
-	struct nf_conn *ct; /* its conntrack entry, or NULL */
-	struct tuple orig;  /* the entry's original tuple */
-	__u32 netns;
-	__u16 id;
-	__u16 flags;  /* DNS header flags */
-	__u8 ctinfo;
-	bool response;
-};
-
 static __always_inline bool read_dns_hdr(struct seen *s)
 {
 	__u16 h[2] = {s->p.dns[0], s->p.dns[1]};
@@ -174,6 +155,15 @@ static __always_inline bool read_dns_hdr(struct seen *s)
 	s->flags = bpf_ntohs(h[1]);
 	s->response = s->flags & 0x8000;
 	return true;
+}
+
+/* reply_port_known: a header source port answers of tracked flows use
+ * (reply_ports). */
+static __always_inline bool reply_port_known(__u16 port)
+{
+	__u32 w = port >> 6;
+	__u64 *bits = bpf_map_lookup_elem(&reply_ports, &w);
+	return bits && (*bits & (1ULL << (port & 63)));
 }
 
 /* dns_packet: is this a DNS packet by its first-sight tuple: the conntrack
