@@ -66,7 +66,7 @@ int nf_confirm_soon(struct bpf_nf_ctx___dnsrace *ctx)
 	if (!ct || (BPF_CORE_READ(ct, status) & IPS_CONFIRMED))
 		return NF_ACCEPT;
 	struct seen s = {};
-	if (!dns_packet(skb, &s, true) || s.response)
+	if (!dns_packet(skb, &s, true, false) || s.response)
 		return NF_ACCEPT;
 	s.netns = ctx->state->net->ns.inum;
 	if (!netns_match(s.netns))

@@ -20,7 +20,7 @@
 static __always_inline bool confirm_enter(struct pending_confirm *pc, struct sk_buff *skb, __u8 tier)
 {
 	struct seen s = {};
-	if (!dns_packet(skb, &s, false) || !s.ct || s.response)
+	if (!dns_packet(skb, &s, false, false) || !s.ct || s.response)
 		return false;
 	s.netns = skb_netns(skb, NULL, false);
 	if (!netns_match(s.netns))

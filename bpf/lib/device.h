@@ -27,17 +27,7 @@ static __always_inline int device(struct sk_buff *skb, bool egress)
 	if (!s)
 		return 0;
 	__builtin_memset(&s->p.t, 0, sizeof(s->p.t)); /* an IPv4 address leaves 12 bytes */
-	if (!parse_skb(skb, &s->p, true))
-		return 0;
-	s->ct = skb_ct(skb, true, &s->ctinfo);
-	if (s->ct) {
-		read_tuple(&s->orig, s->ct, 0);
-		if (s->orig.proto != IPPROTO_UDP || !dns_ports(&s->orig))
-			return 0;
-	} else if (!dns_ports(&s->p.t) && (egress || !reply_port_known(s->p.t.sport))) {
-		return 0;
-	}
-	if (!read_dns_hdr(s))
+	if (!dns_packet(skb, s, true, !egress))
 		return 0;
 	s->netns = skb_netns(skb, NULL, true);
 	if (!netns_match(s->netns))

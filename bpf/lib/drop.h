@@ -46,7 +46,7 @@ static __always_inline bool drop_is_final(__u32 reason)
 static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reason, struct sock *rx_sk)
 {
 	struct seen s = {};
-	if (!dns_packet(skb, &s, true))
+	if (!dns_packet(skb, &s, true, false))
 		return 0;
 	s.netns = skb_netns(skb, rx_sk, true);
 	if (!netns_match(s.netns))

@@ -168,8 +168,10 @@ static __always_inline bool reply_port_known(__u16 port)
 
 /* dns_packet: is this a DNS packet by its first-sight tuple: the conntrack
  * original tuple when it has an entry (NAT may have rewritten the header),
- * else its header? */
-static __always_inline bool dns_packet(struct sk_buff *skb, struct seen *s, bool btf)
+ * else its header? With reply_ports, a header without an entry may also
+ * come from a known reply port (an answer NAT in the asking namespace has
+ * not reversed yet). */
+static __always_inline bool dns_packet(struct sk_buff *skb, struct seen *s, bool btf, bool reply_ports)
 {
 	if (!parse_skb(skb, &s->p, btf))
 		return false;
@@ -178,7 +180,7 @@ static __always_inline bool dns_packet(struct sk_buff *skb, struct seen *s, bool
 		read_tuple(&s->orig, s->ct, 0);
 		if (s->orig.proto != IPPROTO_UDP || !dns_ports(&s->orig))
 			return false;
-	} else if (!dns_ports(&s->p.t)) {
+	} else if (!dns_ports(&s->p.t) && !(reply_ports && reply_port_known(s->p.t.sport))) {
 		return false;
 	}
 	return read_dns_hdr(s);
