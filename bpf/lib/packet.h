@@ -1,5 +1,6 @@
 /* Parsing an skb: IP and UDP headers, the DNS header, its namespace, and
- * whether it is a DNS packet by the tuple it was first seen with.
+ * whether it is a DNS packet by the tuple it was first seen with (or, for
+ * an answer NAT has not reversed yet, by a known reply port).
  */
 #ifndef DNSRACE_LIB_PACKET_H
 #define DNSRACE_LIB_PACKET_H

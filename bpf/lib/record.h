@@ -1,6 +1,7 @@
 /* Records to user space (bpf/dnsrace.h) and the ring buffer they go
  * through: QUERY records are built in query_scratch, EVENT records in
- * event_scratch (too big for the stack), ANSWER records on the stack.
+ * event_scratch (too big for the stack; new_event, then emit_event), and
+ * ANSWER records on the stack (answer() in flow.h).
  */
 #ifndef DNSRACE_LIB_RECORD_H
 #define DNSRACE_LIB_RECORD_H
