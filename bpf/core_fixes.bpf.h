@@ -29,6 +29,14 @@ struct iov_iter___pre514 {
 	const struct iovec *iov;
 } __attribute__((preserve_access_index));
 
+/* struct bpf_nf_ctx (v6.4, "bpf: add bpf_link support for BPF_NETFILTER
+ * programs"), as a flavour: the object builds against a vmlinux.h of an
+ * older kernel, and the program loads only on 6.4+. */
+struct bpf_nf_ctx___dnsrace {
+	const struct nf_hook_state *state;
+	struct sk_buff *skb;
+} __attribute__((preserve_access_index));
+
 /* skb:kfree_skb and kmem:kmem_cache_free changed their arguments; tp_btf
  * programs are chosen by the loader per prototype (internal/probe/hooks.go),
  * so no flavour is needed here. */

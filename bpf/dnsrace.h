@@ -1,4 +1,4 @@
-/* Shared between the BPF programs (bpf/dnsrace.bpf.c) and user space.
+/* Shared between the BPF programs (bpf/dnsrace.bpf.c, bpf/lib/) and user space.
  *
  * The kernel side owns each DNS flow and sends user space only what changes
  * its mind: one QUERY record when a query is first seen, one EVENT record
@@ -157,8 +157,9 @@ struct config {
 	__u32 _pad;
 };
 
-/* Per-CPU counters, indexes of the stats map: event.StatRingLost and its siblings. */
-enum dnsrace_stat {
+/* Per-CPU counters, indexes of the stats map: event.StatRingLost and its
+ * siblings. Not "enum stat": struct stat in vmlinux.h has that tag. */
+enum stat_index {
 	STAT_RING_LOST = 0,     /* records the ring buffer had no room for */
 	STAT_FLOWS_NEW = 1,     /* flows inserted (queries first seen) */
 	STAT_FLOWS_ANSWERED = 2, /* flows deleted because answered */

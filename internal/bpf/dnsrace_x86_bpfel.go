@@ -134,15 +134,6 @@ type DnsraceCtmark struct {
 	}
 }
 
-type DnsraceDnsraceStat uint32
-
-const (
-	DnsraceDnsraceStatSTAT_RING_LOST      DnsraceDnsraceStat = 0
-	DnsraceDnsraceStatSTAT_FLOWS_NEW      DnsraceDnsraceStat = 1
-	DnsraceDnsraceStatSTAT_FLOWS_ANSWERED DnsraceDnsraceStat = 2
-	DnsraceDnsraceStatSTAT_MAX            DnsraceDnsraceStat = 3
-)
-
 type DnsraceEvKind uint32
 
 const (
@@ -368,6 +359,15 @@ const (
 	DnsraceRecTypeREC_EVENT   DnsraceRecType = 3
 )
 
+type DnsraceStatIndex uint32
+
+const (
+	DnsraceStatIndexSTAT_RING_LOST      DnsraceStatIndex = 0
+	DnsraceStatIndexSTAT_FLOWS_NEW      DnsraceStatIndex = 1
+	DnsraceStatIndexSTAT_FLOWS_ANSWERED DnsraceStatIndex = 2
+	DnsraceStatIndexSTAT_MAX            DnsraceStatIndex = 3
+)
+
 type DnsraceTier uint32
 
 const (
@@ -426,7 +426,7 @@ const (
 	DnsraceProgTpUdpFailQueueRcvSkb   = "tp_udp_fail_queue_rcv_skb"
 	DnsraceProgTpUdpFailQueueRcvSkbSk = "tp_udp_fail_queue_rcv_skb_sk"
 	DnsraceVarCfg                     = "cfg"
-	DnsraceVarTrackCts                = "track_cts"
+	DnsraceVarTracepointMode          = "tracepoint_mode"
 	DnsraceVarUnusedAnswer            = "unused_answer"
 	DnsraceVarUnusedEvKind            = "unused_ev_kind"
 	DnsraceVarUnusedEvent             = "unused_event"
@@ -537,7 +537,7 @@ type DnsraceMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type DnsraceVariableSpecs struct {
 	Cfg            *ebpf.VariableSpec `ebpf:"cfg"`
-	TrackCts       *ebpf.VariableSpec `ebpf:"track_cts"`
+	TracepointMode *ebpf.VariableSpec `ebpf:"tracepoint_mode"`
 	UnusedAnswer   *ebpf.VariableSpec `ebpf:"unused_answer"`
 	UnusedEvKind   *ebpf.VariableSpec `ebpf:"unused_ev_kind"`
 	UnusedEvent    *ebpf.VariableSpec `ebpf:"unused_event"`
@@ -625,7 +625,7 @@ func (m *DnsraceMaps) Close() error {
 // It can be passed to LoadDnsraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type DnsraceVariables struct {
 	Cfg            *ebpf.Variable `ebpf:"cfg"`
-	TrackCts       *ebpf.Variable `ebpf:"track_cts"`
+	TracepointMode *ebpf.Variable `ebpf:"tracepoint_mode"`
 	UnusedAnswer   *ebpf.Variable `ebpf:"unused_answer"`
 	UnusedEvKind   *ebpf.Variable `ebpf:"unused_ev_kind"`
 	UnusedEvent    *ebpf.Variable `ebpf:"unused_event"`

@@ -6,8 +6,8 @@
 //
 // Contract: LoadDnsrace returns the CollectionSpec of every program of every
 // tier. Nothing here loads into the kernel; internal/probe chooses the
-// programs, sets the "cfg" (ports, namespace, HZ) and "track_cts" variables
-// and the ring buffer size, and loads only those. DnsraceRecQuery,
+// programs, sets the "cfg" (ports, namespace, HZ) and "tracepoint_mode"
+// variables and the ring buffer size, and loads only those. DnsraceRecQuery,
 // DnsraceRecAnswer and DnsraceRecEvent are the raw ring buffer records
 // internal/event.Decode reads.
 package bpf

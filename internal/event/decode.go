@@ -24,7 +24,7 @@ const (
 
 	// An event with no DNS message may end before its winner's entry
 	// (when it has none: no FlagWinner) or before its own entry (when
-	// it has none either); see event_size in bpf/dnsrace.bpf.c.
+	// it has none either); see event_size in bpf/lib/record.h.
 	EventNoWinnerSize = offEWinner
 	EventNoCTSize     = offECT
 

@@ -141,9 +141,9 @@ func TestEnumValues(t *testing.T) {
 			t.Errorf("C flag %d is Go %d", c, g)
 		}
 	}
-	stats := map[bpf.DnsraceDnsraceStat]int{
-		bpf.DnsraceDnsraceStatSTAT_RING_LOST: StatRingLost, bpf.DnsraceDnsraceStatSTAT_FLOWS_NEW: StatFlowsNew,
-		bpf.DnsraceDnsraceStatSTAT_FLOWS_ANSWERED: StatFlowsAnswered, bpf.DnsraceDnsraceStatSTAT_MAX: StatMax,
+	stats := map[bpf.DnsraceStatIndex]int{
+		bpf.DnsraceStatIndexSTAT_RING_LOST: StatRingLost, bpf.DnsraceStatIndexSTAT_FLOWS_NEW: StatFlowsNew,
+		bpf.DnsraceStatIndexSTAT_FLOWS_ANSWERED: StatFlowsAnswered, bpf.DnsraceStatIndexSTAT_MAX: StatMax,
 	}
 	for c, g := range stats {
 		if int(c) != g {

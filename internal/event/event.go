@@ -121,7 +121,7 @@ func (t Tuple) String() string {
 
 // Conntrack status bits (include/uapi/linux/netfilter/
 // nf_conntrack_common.h) that user space reads (CT.Confirmed) or its tests
-// set. The kernel side reads IPS_NAT_CLASH itself (bpf/dnsrace.bpf.c).
+// set. The kernel side reads IPS_NAT_CLASH itself (bpf/lib/conntrack.h).
 const (
 	IPSConfirmed = 1 << 3
 	IPSDstNAT    = 1 << 5
@@ -328,7 +328,7 @@ func CommString(comm [16]byte) string {
 	return string(comm[:])
 }
 
-// Indexes of the kernel side's per-CPU counters (enum dnsrace_stat).
+// Indexes of the kernel side's per-CPU counters (enum stat_index).
 const (
 	// StatRingLost: records the ring buffer had no room for.
 	StatRingLost = 0

@@ -32,9 +32,9 @@
 //   - Filtering happens in the kernel (Options.Ports, Options.NetNS): a
 //     non-DNS packet never reaches the ring buffer. A query is recognised by
 //     its port at first sight only; later hooks find it by its conntrack
-//     entry's original tuple (see bpf/dnsrace.bpf.c).
+//     entry's original tuple (see bpf/lib/flow.h).
 //   - Every map is created once and shared by every program that uses it;
-//     the read-only config (cfg, track_cts) is set per load.
+//     the read-only config (cfg, tracepoint_mode) is set per load.
 //   - The programs time their windows (a hop or a resend, a late winner)
 //     in jiffies, cheaper to read than a nanosecond clock; records carry
 //     nanoseconds. TickRate measures the kernel's HZ for cfg, once per

@@ -88,7 +88,7 @@ func TestAnsweredLeavesNoEntries(t *testing.T) {
 	}
 }
 
-// askerSlots is ASKER_SLOTS in bpf/dnsrace.bpf.c.
+// askerSlots is ASKER_SLOTS in bpf/lib/maps.h.
 const askerSlots = 4096
 
 // mapOf returns the tracer's map called name (one map, shared by all its programs).

@@ -160,7 +160,7 @@ func Open(opts Options) (*Tracer, error) {
 	t.mode = ModeTracepoint
 	if opts.Attach != event.TierTracepoint {
 		// The function hooks' programs are built for the function mode
-		// (track_cts off: their flow lookups also try a key without the
+		// (tracepoint_mode off: their flow lookups also try a key without the
 		// source address, which an unconnected socket's send has not got);
 		// they are released if the mode falls back.
 		t.mode = ModeFunction
@@ -317,7 +317,7 @@ type loader struct {
 
 // load creates a collection holding only progs. Every map they use is
 // created once and shared with the other collections; the read-only
-// variables (cfg, track_cts) are set per collection.
+// variables (cfg, tracepoint_mode) are set per collection.
 func (l *loader) load(progs ...string) (*ebpf.Collection, error) {
 	return l.loadKprobeMulti(false, progs...)
 }
@@ -368,7 +368,7 @@ func (l *loader) loadKprobeMulti(multi bool, progs ...string) (*ebpf.Collection,
 	if err := cs.Variables[bpf.DnsraceVarCfg].Set(l.cfg); err != nil {
 		return nil, fmt.Errorf("setting the BPF config: %w", err)
 	}
-	if err := cs.Variables[bpf.DnsraceVarTrackCts].Set(l.t.mode == ModeTracepoint); err != nil {
+	if err := cs.Variables[bpf.DnsraceVarTracepointMode].Set(l.t.mode == ModeTracepoint); err != nil {
 		return nil, fmt.Errorf("setting the BPF mode: %w", err)
 	}
 	repl := map[string]*ebpf.Map{}
@@ -679,12 +679,19 @@ func (t *Tracer) Stats() Stats {
 		return s
 	}
 	var per []uint64
-	for i, dst := range []*uint64{&s.Lost, &s.FlowsNew, &s.FlowsAnswered} {
-		if m.Lookup(uint32(i), &per) != nil {
+	for _, c := range []struct {
+		index uint32
+		dst   *uint64
+	}{
+		{event.StatRingLost, &s.Lost},
+		{event.StatFlowsNew, &s.FlowsNew},
+		{event.StatFlowsAnswered, &s.FlowsAnswered},
+	} {
+		if m.Lookup(c.index, &per) != nil {
 			continue
 		}
 		for _, n := range per {
-			*dst += n
+			*c.dst += n
 		}
 	}
 	return s

@@ -22,7 +22,7 @@ var commonRates = []float64{100, 250, 300, 1000}
 
 // TickRate measures the running kernel's HZ, the rate jiffies advance,
 // which the programs time their windows in (a jiffies read is a load where
-// a nanosecond clock read is a clock-source read; see bpf/dnsrace.bpf.c).
+// a nanosecond clock read is a clock-source read; see bpf/lib/config.h).
 // It needs no kernel config file (a debug pod has the host's /boot at
 // best under /host): a socket filter returning bpf_jiffies64 runs twice,
 // tickSample apart, against CLOCK_MONOTONIC. A rate within 10% of a
