@@ -75,7 +75,7 @@ int nf_confirm_soon(struct bpf_nf_ctx___dnsrace *ctx)
 	struct flow *f;
 	__u32 asker;
 	query_key(&k, &s);
-	track_query(&s, &k, false, TIER_TRACEPOINT, 0, (__u64)ct, &asker, &f);
+	track_query(&s, skb, &k, false, TIER_TRACEPOINT, 0, (__u64)ct, &asker, &f);
 	if (ctx->state->hook == NF_INET_LOCAL_IN)
 		return NF_ACCEPT; /* its answer compares the flow's pre_ct */
 	struct preconfirm p = {.ct = (__u64)ct, .ts = bpf_jiffies64(), .netns = s.netns};

@@ -82,6 +82,12 @@ enum rec_flags {
 	RF_RESPONSE = 1 << 1,
 	/* event: winner is set */
 	RF_WINNER = 1 << 2,
+	/* query: first seen in its sender's own context (its send, or its skb
+	 * still owned by the sending socket), so pid, comm and cgroup are the
+	 * sender's; event (a query's drop): the skb was still owned by its
+	 * socket, so it was dropped inside the send, which a netfilter drop
+	 * fails with an error the sender sees */
+	RF_SENDER = 1 << 3,
 };
 
 struct tuple {

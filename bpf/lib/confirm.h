@@ -30,7 +30,7 @@ static __always_inline bool confirm_enter(struct pending_confirm *pc, struct sk_
 	struct flow *f;
 	query_key(&k, &s);
 	__u32 asker = 0;
-	pc->qid = track_query(&s, &k, true, tier, RF_NO_SOCKET, 0, &asker, &f);
+	pc->qid = track_query(&s, skb, &k, true, tier, RF_NO_SOCKET, 0, &asker, &f);
 	pc->netns = s.netns;
 	pc->pkt = s.p.t;
 	read_ct(&pc->ct, s.ct);

@@ -54,7 +54,7 @@ static __always_inline int device(struct sk_buff *skb, bool egress)
 	 * (TestFreshFlowsSurviveFullMap). */
 	query_key(&k, s);
 	__u32 asker = 0;
-	__u64 qid = track_query(s, &k, egress, TIER_TRACEPOINT, 0, 0, &asker, &f);
+	__u64 qid = track_query(s, skb, &k, egress, TIER_TRACEPOINT, 0, 0, &asker, &f);
 	if (qid && s->ct && tracepoint_mode) {
 		check_merge(s, f, qid, &k, (__u64)skb);
 		note_ct(s, qid, asker, TIER_TRACEPOINT);

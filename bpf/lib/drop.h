@@ -75,7 +75,7 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 		struct flow *f;
 		query_key(&k, &s);
 		__u32 asker = 0;
-		qid = track_query(&s, &k, true, TIER_TRACEPOINT, tracepoint_mode ? 0 : RF_NO_SOCKET, 0, &asker, &f);
+		qid = track_query(&s, skb, &k, true, TIER_TRACEPOINT, tracepoint_mode ? 0 : RF_NO_SOCKET, 0, &asker, &f);
 		if (f)
 			f->pre_ct = 0; /* if confirm judged it, this drop was its verdict */
 		if (tracepoint_mode) {
@@ -84,6 +84,7 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 		}
 		if (qid && drop_is_final(reason))
 			end_flow(&k, asker);
+		flags = sender_of(skb);
 	}
 	if (s.ct)
 		announce_netns(s.netns, TIER_TRACEPOINT); /* before b: it uses the scratch */

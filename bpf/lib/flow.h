@@ -128,13 +128,21 @@ static __always_inline __u64 new_flow(struct flow_key *k, __u32 netns, __u64 pay
 	return qid;
 }
 
+/* sender_of is RF_SENDER when skb still belongs to the socket that sent it
+ * (skb->sk: the receive path of another namespace orphans it), so the hook
+ * runs inside that send. */
+static __always_inline __u8 sender_of(struct sk_buff *skb)
+{
+	return BPF_CORE_READ(skb, sk) ? RF_SENDER : 0;
+}
+
 /* track_query returns the qid of the query a packet carries: a flow seen
  * moments ago is a hop of it (*fp is the flow); otherwise, where the hook
  * may (create), a new query starts here (*fp stays NULL). pre_ct, when not
  * 0, is the packet's unconfirmed entry just before confirm, kept in the
  * flow for its next sight to compare (check_merge). */
-static __always_inline __u64 track_query(struct seen *s, struct flow_key *k, bool create, __u8 tier, __u8 flags,
-					 __u64 pre_ct, __u32 *asker, struct flow **fp)
+static __always_inline __u64 track_query(struct seen *s, struct sk_buff *skb, struct flow_key *k, bool create,
+					 __u8 tier, __u8 flags, __u64 pre_ct, __u32 *asker, struct flow **fp)
 {
 	struct flow *f = lookup_flow(k);
 	__u64 now = bpf_jiffies64();
@@ -152,6 +160,8 @@ static __always_inline __u64 track_query(struct seen *s, struct flow_key *k, boo
 	if (!create)
 		return 0;
 	*asker = s->netns;
+	/* read only for a new flow: every hop would pay for it otherwise */
+	flags |= sender_of(skb);
 	return new_flow(k, s->netns, s->p.payload, s->p.payload_len, false, tier, flags, pre_ct);
 }
 

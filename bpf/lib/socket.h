@@ -141,7 +141,7 @@ static __always_inline int send(struct sock *sk, struct msghdr *msg, __u8 tier, 
 		return 0; /* a response (a DNS server's send) */
 	struct flow_key k;
 	key_from(&k, &t, bpf_ntohs(h[0]), false);
-	new_flow(&k, netns, base, avail > DNS_CAP ? DNS_CAP : avail, true, tier, 0, 0);
+	new_flow(&k, netns, base, avail > DNS_CAP ? DNS_CAP : avail, true, tier, RF_SENDER, 0);
 	return 0;
 }
 

@@ -317,6 +317,7 @@ const (
 	DnsraceRecFlagsRF_NO_SOCKET DnsraceRecFlags = 1
 	DnsraceRecFlagsRF_RESPONSE  DnsraceRecFlags = 2
 	DnsraceRecFlagsRF_WINNER    DnsraceRecFlags = 4
+	DnsraceRecFlagsRF_SENDER    DnsraceRecFlags = 8
 )
 
 type DnsraceRecHdr struct {

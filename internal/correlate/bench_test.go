@@ -35,7 +35,7 @@ func BenchmarkHandle(b *testing.B) {
 	run := func(n uint64) {
 		t := 1e12 + n*benchGap
 		sock := n / 2
-		q = event.Event{Kind: event.KindQuery, QID: n + 1, TimeNs: t, NetNS: benchPod, DNS: names[sock%benchNames],
+		q = event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: n + 1, TimeNs: t, NetNS: benchPod, DNS: names[sock%benchNames],
 			Packet: event.Tuple{Src: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(sock >> 16), byte(sock >> 8)}), uint16(1024+sock%60000)), Dst: benchVIP, Proto: 17}}
 		q.DNS.ID, q.DNS.QType = uint16(n), 1+27*uint16(n&1)
 		c.Handle(&q)
@@ -63,7 +63,7 @@ func BenchmarkInFlight(b *testing.B) {
 	var e event.Event
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		e = event.Event{Kind: event.KindQuery, QID: uint64(i) + 1, TimeNs: 1e12 + uint64(i)*1000, NetNS: benchPod,
+		e = event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: uint64(i) + 1, TimeNs: 1e12 + uint64(i)*1000, NetNS: benchPod,
 			Packet: event.Tuple{Src: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 16), byte(i >> 8)}), uint16(1024+i%60000)), Dst: benchVIP, Proto: 17}}
 		e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, uint16(i), 1
 		e.DNS.SetQName(fmt.Sprintf("q%08x.perf.test", i))
@@ -116,7 +116,7 @@ func floodStream(c *correlate.Correlator, sock func(uint64) netip.AddrPort, drop
 	var q, r event.Event
 	return func(n uint64) {
 		t := 1e12 + n*benchGap
-		q = event.Event{Kind: event.KindQuery, QID: n + 1, TimeNs: t, NetNS: benchPod, PID: 4242, Cgroup: 1,
+		q = event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: n + 1, TimeNs: t, NetNS: benchPod, PID: 4242, Cgroup: 1,
 			Packet: event.Tuple{Src: sock(n), Dst: server, Proto: 17}}
 		copy(q.Comm[:], "dnsperf")
 		q.DNS.Valid, q.DNS.ID, q.DNS.QType = true, uint16(n), 1

@@ -32,7 +32,7 @@ type asker struct {
 // ask sends a QUERY record of a's, from port, and returns its qid.
 func (h *harness) ask(t uint64, a asker, port, id, qtype uint16) uint64 {
 	h.qid++
-	e := &event.Event{Kind: event.KindQuery, QID: h.qid, TimeNs: t, NetNS: a.ns, CPU: uint16(h.qid % 2),
+	e := &event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: h.qid, TimeNs: t, NetNS: a.ns, CPU: uint16(h.qid % 2),
 		Packet: event.Tuple{Src: netip.AddrPortFrom(a.addr, port), Dst: vip, Proto: 17}, Tier: event.TierTracepoint, PID: a.pid}
 	copy(e.Comm[:], "resolver")
 	e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, id, qtype

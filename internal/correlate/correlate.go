@@ -351,9 +351,15 @@ func (c *Correlator) newQuery(e *event.Event) {
 	q := c.ix.alloc()
 	h := c.hashName(e.DNS.NameKey())
 	*q = query{qid: e.QID, netns: e.NetNS, src: e.Packet.Src, dst: e.Packet.Dst, id: e.DNS.ID, qtype: e.DNS.QType,
-		name: h, qname: c.intern(h, &e.DNS), sentNs: e.TimeNs, cgroup: e.Cgroup, pid: e.PID, cpu: e.CPU,
-		tier: e.Tier, comm: e.Comm}
-	q.sock, q.nk = sockOf(q.src, q.dst), nameOf(q.netns, q.name)
+		name: h, qname: c.intern(h, &e.DNS), sentNs: e.TimeNs, cpu: e.CPU, tier: e.Tier}
+	if e.Flags&event.FlagSender != 0 {
+		// Only a query first seen in its sender's own context has its
+		// process: elsewhere (a softirq) the hook ran in whatever task
+		// was interrupted.
+		q.pid, q.cgroup, q.comm = e.PID, e.Cgroup, e.Comm
+	}
+	q.sock = sockOf(q.src, q.dst)
+	q.nk = nameOf(q.netns, q.name, lookupOwner(q))
 	if e.Flags&event.FlagNoSocket != 0 {
 		q.state = stateUnwatched
 	}

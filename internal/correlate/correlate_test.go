@@ -75,7 +75,7 @@ func newHarness(t *testing.T, counters fakeCounters) *harness {
 // query sends a QUERY record and returns its qid.
 func (h *harness) query(t uint64, ns uint32, src netip.AddrPort, id, qtype uint16) uint64 {
 	h.qid++
-	e := &event.Event{Kind: event.KindQuery, QID: h.qid, TimeNs: t, NetNS: ns, CPU: uint16(h.qid % 2),
+	e := &event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: h.qid, TimeNs: t, NetNS: ns, CPU: uint16(h.qid % 2),
 		Packet: event.Tuple{Src: src, Dst: vip, Proto: 17}, Tier: event.TierTracepoint, PID: 4242}
 	copy(e.Comm[:], "getent")
 	e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, id, qtype

@@ -30,7 +30,7 @@ var (
 
 // query is a QUERY record: qid, sent at base+at, asking name.
 func query(qid, at uint64, src netip.AddrPort, id, qtype uint16) *event.Event {
-	e := &event.Event{Kind: event.KindQuery, QID: qid, TimeNs: base + at, NetNS: podNS, PID: 9937,
+	e := &event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: qid, TimeNs: base + at, NetNS: podNS, PID: 9937,
 		Packet: event.Tuple{Src: src, Dst: dnsVIP, Proto: 17}, Tier: event.TierTracepoint}
 	copy(e.Comm[:], "getent")
 	e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, id, qtype

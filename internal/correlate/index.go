@@ -148,12 +148,26 @@ type sockLink uint64
 
 func linkTo(q *query) sockLink { return sockLink(q.seq + 1) }
 
-// nameKey is a name in a namespace: the name's hash mixed with the
-// namespace's inode (a number key, for speed).
+// nameKey is a name asked by one client in a namespace: the name's hash
+// mixed with the namespace's inode and the client (lookupOwner; a number
+// key, for speed). A lookup's queries, its retries and its stall all have
+// one key; another client asking the same name (another pod's process
+// behind a node-local cache, another process of the pod) never ends a
+// stall or makes a query lost.
 type nameKey uint64
 
-func nameOf(netns uint32, name uint64) nameKey {
-	return nameKey(name ^ (uint64(netns)+1)*0x9e3779b97f4a7c15)
+func nameOf(netns uint32, name, owner uint64) nameKey {
+	return nameKey(name ^ (uint64(netns)+1)*0x9e3779b97f4a7c15 ^ (owner+1)*0xc2b2ae3d27d4eb4f)
+}
+
+// lookupOwner is who asks: the process, where the query was first seen in
+// its context (resolvers resend from the same process, on the same socket
+// or a new one), else the socket alone.
+func lookupOwner(q *query) uint64 {
+	if q.pid != 0 {
+		return uint64(q.pid)
+	}
+	return uint64(q.sock) | 1<<63
 }
 
 // nameState is what a name in a namespace has going on: its unanswered

@@ -105,7 +105,7 @@ func TestPromoteLinksOnlyPendingQueries(t *testing.T) {
 		switch k := r.IntN(10); {
 		case k < 3 || len(live) == 0:
 			q := ix.alloc()
-			*q = query{qid: uint64(step) + 1, sentNs: now, nk: nameOf(1, uint64(r.IntN(8)))}
+			*q = query{qid: uint64(step) + 1, sentNs: now, nk: nameOf(1, uint64(r.IntN(8)), 1)}
 			ix.add(q)
 			live = append(live, q)
 			delete(linked, q)

@@ -73,6 +73,11 @@ const (
 	FlagResponse = 1 << 1
 	// FlagWinner: Winner is set.
 	FlagWinner = 1 << 2
+	// FlagSender: a query first seen in its sender's own context (PID,
+	// Comm and Cgroup are the sender's); a query's drop inside its send
+	// (the packet was still its socket's), which a netfilter drop fails
+	// with an error the sender sees.
+	FlagSender = 1 << 3
 )
 
 // Tier is the kind of BPF program that produced an event.

@@ -42,7 +42,7 @@ func TestTicksRunAtTheRecordsTime(t *testing.T) {
 	qid := uint64(0)
 	query := func(at uint64, ns uint32, src netip.AddrPort, id uint16) uint64 {
 		qid++
-		e := &event.Event{Kind: event.KindQuery, QID: qid, TimeNs: at, NetNS: ns, Tier: event.TierTracepoint,
+		e := &event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: qid, TimeNs: at, NetNS: ns, Tier: event.TierTracepoint,
 			Packet: event.Tuple{Src: src, Dst: vip, Proto: 17}}
 		e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, id, 1
 		e.DNS.SetQName("svc-00.lab.test")

@@ -210,7 +210,7 @@ var recVIP = netip.MustParseAddrPort("10.96.0.10:53")
 // query sends a query at ms milliseconds and returns its qid.
 func (l *records) query(ms float64, netns uint32, src string, name string, id, qtype uint16) uint64 {
 	l.qid++
-	e := event.Event{Kind: event.KindQuery, QID: l.qid, TimeNs: recBase + uint64(ms*1e6), NetNS: netns, CPU: 1,
+	e := event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: l.qid, TimeNs: recBase + uint64(ms*1e6), NetNS: netns, CPU: 1,
 		Packet: event.Tuple{Src: netip.MustParseAddrPort(src), Dst: recVIP, Proto: 17}, Tier: event.TierTracepoint, PID: 9937}
 	copy(e.Comm[:], "getent")
 	e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, id, qtype
