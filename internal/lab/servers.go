@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"

@@ -336,6 +336,13 @@ func buildLinks(t Topology) error {
 	if err := dns.RouteAdd(&netlink.Route{LinkIndex: deth.Attrs().Index, Dst: ipnet(podNet), Gw: NodeUplink.Addr().AsSlice()}); err != nil {
 		return fmt.Errorf("routing pods from dns: %w", err)
 	}
+	if t.Cache == CacheNode {
+		// A process of the node routes before its OUTPUT DNAT: the VIP
+		// needs a route, as a node's default route gives it.
+		if err := node.RouteAdd(&netlink.Route{LinkIndex: up.Attrs().Index, Dst: ipnet(netip.PrefixFrom(VIP, 32))}); err != nil {
+			return fmt.Errorf("routing the VIP from the node: %w", err)
+		}
+	}
 
 	for i := 0; i < t.Pods; i++ {
 		if err := buildPod(t, i, node, br); err != nil {
