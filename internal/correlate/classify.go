@@ -24,6 +24,7 @@ type pendingDrop struct {
 	reason   uint32
 	location uint64
 	timeNs   uint64
+	flags    uint8 // the drop record's (event.FlagSender)
 	// sentNs: when the dropped query was sent (a freed entry: timeNs),
 	// for OldestOpen.
 	sentNs uint64
@@ -174,7 +175,14 @@ func (c *Correlator) classify(d *pendingDrop) {
 		return
 	}
 	q := c.ix.lookup(d.qid)
-	if q == nil || (q.state != statePending && q.state != stateUnwatched) {
+	if q == nil {
+		return
+	}
+	// A drop inside the send the sender then resent on the same socket
+	// with the same id at once is one flow with its resend: answered by
+	// now, and still a loss to explain (refusedAtSend).
+	inSend := d.flags&event.FlagSender != 0
+	if q.state != statePending && q.state != stateUnwatched && !(inSend && q.state == stateAnswered) {
 		return
 	}
 	x := q.extraForRead()
@@ -186,7 +194,8 @@ func (c *Correlator) classify(d *pendingDrop) {
 	// The rules are function values, so evidence passed to them escapes:
 	// it lives in the Correlator, not in a new object per drop.
 	ev := &c.evidence
-	*ev = evidence{seen: seenQueryDrop, ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(), confirmDrop: x.confirmDrop}
+	*ev = evidence{seen: seenQueryDrop, ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(), confirmDrop: x.confirmDrop,
+		inSend: inSend}
 	var reason, loc string
 	ev.reason, reason = c.reason(d.reason)
 	ev.symbol, loc = c.location(d.location)
@@ -195,7 +204,7 @@ func (c *Correlator) classify(d *pendingDrop) {
 	}
 	rule := decide(ev)
 	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs, Cause: rule.cause,
-		Reason: reason, Location: loc, NetNS: d.netns}
+		Reason: reason, Location: loc, NetNS: d.netns, SendFailed: ev.sendFailed()}
 	a := c.attributed(d.netns)
 	if rule.insertFailed {
 		a.InsertFailed++
@@ -210,6 +219,12 @@ func (c *Correlator) classify(d *pendingDrop) {
 		qx.race = p.Race
 		if winner.Ptr != 0 {
 			qx.winner = c.flowOf(winner, wqid)
+		}
+	}
+	if p.SendFailed {
+		if r := c.resentAtOnce(q); r != nil {
+			c.refusedAtSend(q, r, p)
+			return
 		}
 	}
 	c.markLost(q, p)

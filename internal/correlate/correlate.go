@@ -151,6 +151,8 @@ type Correlator struct {
 	// rescuesFrom: per namespace, the send time before which its rescued
 	// races are the caller's to count (CountRescuesFrom).
 	rescuesFrom map[uint32]uint64
+	// latest: each client's latest query per name and type (resend.go)
+	latest *[resendSlots]resendSlot
 	// strs interns question names by hash.
 	strs *[internSlots]interned
 	// locs caches drop locations by address: a flood of drops comes from a
@@ -174,7 +176,8 @@ type Correlator struct {
 func New(cfg Config) *Correlator {
 	cfg.defaults()
 	return &Correlator{cfg: cfg, seed: maphash.MakeSeed(), ix: newIndex(),
-		stalls: map[*stall]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned)}
+		stalls: map[*stall]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned),
+		latest: new([resendSlots]resendSlot)}
 }
 
 // Stats are the correlator's own counts.
@@ -300,7 +303,7 @@ func (c *Correlator) Handle(e *event.Event) {
 			return
 		}
 		d := pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), kind: e.Kind, qid: e.QID, netns: e.NetNS,
-			ct: e.CT, reason: e.Reason, location: e.Location, timeNs: e.TimeNs, sentNs: q.sentNs}
+			ct: e.CT, reason: e.Reason, location: e.Location, timeNs: e.TimeNs, sentNs: q.sentNs, flags: e.Flags}
 		if e.Flags&event.FlagWinner != 0 {
 			w := e.Winner
 			d.winner, d.wqid = &w, e.WinnerQID
@@ -364,6 +367,7 @@ func (c *Correlator) newQuery(e *event.Event) {
 		q.state = stateUnwatched
 	}
 	c.queries++
+	c.noteResend(q)
 	if q.state == statePending {
 		c.ix.promote(q.sentNs, uint64(c.cfg.MinRetryGap))
 		c.retry(q)

@@ -90,7 +90,10 @@ type Packet struct {
 	Location string `json:"location,omitempty"` // where the skb was freed
 	NetNS    uint32 `json:"netns,omitempty"`    // namespace of the drop
 	CPU      uint16 `json:"cpu"`
-	SentNs   uint64 `json:"-"`
+	// SendFailed: dropped inside its send, which returned the error to
+	// the sender (a netfilter drop in the sender's own namespace).
+	SendFailed bool   `json:"send_failed,omitempty"`
+	SentNs     uint64 `json:"-"`
 }
 
 // Dropped reports whether the packet was freed on this node (a drop record:
@@ -167,6 +170,10 @@ type Incident struct {
 	Pod       string `json:"pod,omitempty"`
 	Namespace string `json:"namespace,omitempty"`
 	Container string `json:"container,omitempty"`
+	// RefusedAtSend: no lookup waited. The lost query was dropped inside
+	// its send, which told the sender (SendFailed), and the sender asked
+	// again at once (Retry); StallMs is 0.
+	RefusedAtSend bool `json:"refused_at_send,omitempty"`
 }
 
 // Attributed counts the packets dnsrace explained, in the kernel's counter

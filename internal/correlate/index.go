@@ -77,6 +77,9 @@ type queryExtra struct {
 	replyReason string
 	replyLoc    string
 	replyNS     uint32
+	// resentBy: the query its client sent next for its name and type,
+	// within MinRetryGap (resend.go)
+	resentBy uint64
 }
 
 // extraForWrite returns q's extra part to fill in, allocating it on first

@@ -65,6 +65,9 @@ func (inc *Incident) AppendJSON(b []byte) []byte {
 	b = appendNonEmpty(b, `,"pod":`, inc.Pod)
 	b = appendNonEmpty(b, `,"namespace":`, inc.Namespace)
 	b = appendNonEmpty(b, `,"container":`, inc.Container)
+	if inc.RefusedAtSend {
+		b = append(b, `,"refused_at_send":true`...)
+	}
 	return append(b, '}')
 }
 
@@ -101,6 +104,9 @@ func (p *Packet) appendJSON(b []byte) []byte {
 	b = appendNonEmpty(b, `,"location":`, p.Location)
 	b = appendNonZero(b, `,"netns":`, uint64(p.NetNS))
 	b = appendNum(b, `,"cpu":`, uint64(p.CPU))
+	if p.SendFailed {
+		b = append(b, `,"send_failed":true`...)
+	}
 	return append(b, '}')
 }
 

@@ -65,6 +65,9 @@ type evidence struct {
 	// The kernel's counters in the drop's namespace, minus what was
 	// attributed there so far (read only for netfilter drops).
 	insertBudget, dropBudget int64
+	// inSend: the dropped packet still belonged to the socket that sent
+	// it (event.FlagSender): it was dropped inside that send.
+	inSend bool
 }
 
 // Netfilter drops: a netfilter verdict dropped the packet when the drop
@@ -79,6 +82,15 @@ const (
 func (e *evidence) netfilter() bool {
 	return e.reason.name == netfilterReason || !e.reason.given() && e.symbol == netfilterSymbol
 }
+
+// sendFailed: the sender was told of the loss. A netfilter verdict that
+// drops a packet inside its send (the sender's own OUTPUT or POSTROUTING:
+// NAT in the sender's namespace, a node's own process) fails the send with
+// EPERM (nf_hook_slow); other drops there (a full qdisc, a neighbour that
+// never answers) pass silently or happen after the send returned. Whether
+// the loss is a stall is the sender's: glibc, Go and dnsmasq resend at
+// once, musl ignores the error and waits for its next resend.
+func (e *evidence) sendFailed() bool { return e.seen == seenQueryDrop && e.inSend && e.netfilter() }
 
 // rule is one row of the table: the evidence it matches and the cause it
 // names.

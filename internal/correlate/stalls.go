@@ -425,6 +425,19 @@ func (c *Correlator) finish(o *stall, now uint64) {
 	c.closeStall(o, now, false)
 }
 
+// gaveUp: every loss of the stall failed its send (the sender was told),
+// and the sender did not ask any of them again: a stall only waits on a
+// loss its sender did not know of, or one it resent later (musl ignores
+// the error and resends at its interval).
+func (c *Correlator) gaveUp(o *stall) bool {
+	for _, p := range o.inc.Lost {
+		if !p.SendFailed {
+			return false
+		}
+	}
+	return o.retry == nil || !c.resends(o, o.retry)
+}
+
 // closeStall reports o's incident and forgets its name's state if nothing
 // else is going on there: a caller must not use a *nameState it holds
 // across it.
@@ -435,13 +448,21 @@ func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
 		c.ix.dropName(o.key, s)
 	}
 	inc := o.inc
-	inc.Retried = retried
-	if r := o.retry; r != nil {
-		inc.Retry = &Retry{QType: QType(r.qtype), ID: r.id, Src: r.src, Dst: r.dst}
-	}
-	if retried {
-		ms := float64(endNs-o.firstNs) / 1e6
-		inc.StallMs = &ms
+	switch {
+	case c.gaveUp(o):
+		// Told of every loss, the sender asked nothing again (dnsmasq
+		// answers its client at once): nobody waited.
+		zero := 0.0
+		inc.StallMs, inc.RefusedAtSend = &zero, true
+	default:
+		inc.Retried = retried
+		if r := o.retry; r != nil {
+			inc.Retry = &Retry{QType: QType(r.qtype), ID: r.id, Src: r.src, Dst: r.dst}
+		}
+		if retried {
+			ms := float64(endNs-o.firstNs) / 1e6
+			inc.StallMs = &ms
+		}
 	}
 	first := o.queries[0]
 	if inc.Race == nil && first.extraForRead().race != "" {

@@ -46,6 +46,7 @@ type Metrics struct {
 	reg       *prometheus.Registry
 	races     *prometheus.CounterVec
 	incidents *prometheus.CounterVec
+	refused   *prometheus.CounterVec
 	stall     prometheus.Histogram
 	pods      *prometheus.CounterVec
 
@@ -64,15 +65,18 @@ func New(cfg Config, src Source) *Metrics {
 	}
 	m := &Metrics{cfg: cfg, reg: prometheus.NewRegistry(), podSeen: map[[2]string]bool{}}
 	m.races = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dnsrace_races_total",
-		Help: "Conntrack insertion races: outcome dropped (a query lost, an insert_race incident) or resolved (rescued by the kernel, clash_resolved)."},
+		Help: "Conntrack insertion races: outcome dropped (a query lost, an insert_race incident), resolved (rescued by the kernel, clash_resolved) or refused_at_send (lost inside its send, resent at once, no lookup waited)."},
 		[]string{"race", "outcome"})
 	m.incidents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dnsrace_incidents_total",
 		Help: "Incidents (stalls, or races the kernel rescued) by cause."}, []string{"cause"})
 	m.stall = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "dnsrace_stall_seconds",
 		Help: "Time from a lost DNS query to the resolver's retry.", Buckets: StallBuckets})
-	m.reg.MustRegister(m.races, m.incidents, m.stall)
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dnsrace_sends_refused_total",
+		Help: "Queries dropped inside their send (the sender was told) and resent at once: no lookup waited, by cause."}, []string{"cause"})
+	m.reg.MustRegister(m.races, m.incidents, m.stall, m.refused)
 	for _, c := range correlate.Causes {
 		m.incidents.WithLabelValues(c)
+		m.refused.WithLabelValues(c)
 	}
 	// Every race series exists from 0, "unknown" too: Prometheus's
 	// increase() and rate() see a series' first sample as its start, so a
@@ -80,6 +84,7 @@ func New(cfg Config, src Source) *Metrics {
 	for _, r := range []string{correlate.RaceSameTuple, correlate.RaceReplyClash, "unknown"} {
 		m.races.WithLabelValues(r, "dropped")
 		m.races.WithLabelValues(r, "resolved")
+		m.races.WithLabelValues(r, "refused_at_send")
 	}
 	if cfg.PodLabels {
 		m.pods = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dnsrace_pod_incidents_total",
@@ -96,11 +101,19 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
 // Observe counts one incident.
 func (m *Metrics) Observe(inc *correlate.Incident) {
-	m.incidents.WithLabelValues(inc.Cause).Inc()
 	race := "unknown"
 	if inc.Race != nil {
 		race = *inc.Race
 	}
+	if inc.RefusedAtSend {
+		// No lookup waited: not an incident of the stall counters.
+		m.refused.WithLabelValues(inc.Cause).Inc()
+		if inc.Cause == correlate.CauseInsertRace {
+			m.races.WithLabelValues(race, "refused_at_send").Inc()
+		}
+		return
+	}
+	m.incidents.WithLabelValues(inc.Cause).Inc()
 	switch inc.Cause {
 	case correlate.CauseInsertRace:
 		m.races.WithLabelValues(race, "dropped").Inc()

@@ -88,7 +88,8 @@ type Session struct {
 
 	// Reader-owned (Stop's once the reader is done).
 	corr     *correlate.Correlator
-	counts   map[string]int
+	counts   map[string]int // incidents by cause, but those refused at send
+	refused  map[string]int // incidents refused at send, by cause
 	ctNS     map[uint32]bool
 	nextTick uint64                // CLOCK_MONOTONIC ns of the next Tick between events
 	closing  []*correlate.Incident // closed since the last tick
@@ -146,6 +147,7 @@ const outQueue = 16
 type snapshot struct {
 	stats      correlate.Stats
 	counts     map[string]int
+	refused    map[string]int
 	attributed map[uint32]correlate.Attributed
 	ctNS       []uint32
 	watchErrs  []string
@@ -171,7 +173,8 @@ func Start(opts Options) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Session{opts: opts, tracer: t, ctNS: map[uint32]bool{}, counts: map[string]int{}, done: make(chan struct{}),
+	s := &Session{opts: opts, tracer: t, ctNS: map[uint32]bool{}, counts: map[string]int{}, refused: map[string]int{},
+		done: make(chan struct{}),
 		outq: make(chan outBatch, outQueue), cpq: make(chan func()), wdone: make(chan struct{}),
 		scans: make(chan map[uint32]string, 1)}
 	s.syms, _ = ksym.Load("")
@@ -338,6 +341,7 @@ func (s *Session) snapshot() *snapshot {
 	for c, n := range s.counts {
 		sn.counts[c] = n
 	}
+	sn.refused = maps.Clone(s.refused)
 	for ns := range s.ctNS {
 		sn.ctNS = append(sn.ctNS, ns)
 	}
@@ -356,7 +360,13 @@ func monoNow() uint64 {
 // incident runs on the reader (the correlator calls it): the writer
 // gets it at the next tick.
 func (s *Session) incident(inc *correlate.Incident) {
-	s.counts[inc.Cause]++
+	if inc.RefusedAtSend {
+		for _, p := range inc.Lost {
+			s.refused[p.Cause]++
+		}
+	} else {
+		s.counts[inc.Cause]++
+	}
 	s.closing = append(s.closing, inc)
 }
 
@@ -429,6 +439,11 @@ type Summary struct {
 	Type       string               `json:"type"` // "summary", or "checkpoint" (SIGUSR1)
 	DurationS  float64              `json:"duration_s"`
 	Incidents  map[string]int       `json:"incidents"`
+	// RefusedAtSend counts, by cause, the queries lost inside their send
+	// (the sender was told) that nobody waited on: resent at once, or not
+	// asked again at all (incidents with refused_at_send, not counted in
+	// Incidents).
+	RefusedAtSend map[string]int `json:"refused_at_send,omitempty"`
 	Kernel     ctstats.Counters     `json:"kernel"`
 	Attributed correlate.Attributed `json:"attributed"`
 	Mismatch   []string             `json:"mismatch"`
@@ -604,8 +619,12 @@ func (s *Session) reconcile(typ string, sn *snapshot, lost uint64) *Summary {
 			sum.RecursionMisses[name] = n
 		}
 	}
+	sum.RefusedAtSend = map[string]int{}
 	for _, c := range correlate.Causes {
 		sum.Incidents[c] = sn.counts[c]
+		if n := sn.refused[c]; n > 0 {
+			sum.RefusedAtSend[c] = n
+		}
 	}
 	nss := map[uint32]bool{}
 	for _, ns := range sn.ctNS {

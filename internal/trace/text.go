@@ -29,41 +29,60 @@ type TextWriter struct {
 	// held: stalls that ended while one that started earlier may still
 	// be reported
 	held []*correlate.Incident
-	// rescued races not yet written, by pod or namespace
-	rescued   map[string]*rescuedCount
+	// incidents with no stall not yet written, summed up by kind and by
+	// pod or namespace
+	sums      map[sumKey]*sumCount
 	lastFlush time.Time
 }
 
-type rescuedCount struct {
+// What is summed up, not listed: races the kernel rescued, and sends
+// refused and resent at once.
+const (
+	sumRescued = "rescued"
+	sumRefused = "refused"
+)
+
+type sumKey struct{ kind, who string }
+
+type sumCount struct {
 	n       int
-	byRace  map[string]int
+	by      map[string]int // race (rescued), cause (refused)
 	first   time.Time
 	ordinal int // order of first sight, for stable output
 }
 
 // NewTextWriter returns a TextWriter on w.
 func NewTextWriter(w io.Writer, showResolved bool) *TextWriter {
-	return &TextWriter{w: w, showResolved: showResolved, rescued: map[string]*rescuedCount{}}
+	return &TextWriter{w: w, showResolved: showResolved, sums: map[sumKey]*sumCount{}}
 }
 
 // Incident takes one incident; it is written now or by a later Release.
 func (t *TextWriter) Incident(inc *correlate.Incident) {
-	if inc.Cause == correlate.CauseClashResolved && !t.showResolved {
-		k := who(inc)
-		c := t.rescued[k]
-		if c == nil {
-			c = &rescuedCount{byRace: map[string]int{}, first: inc.Time, ordinal: len(t.rescued)}
-			t.rescued[k] = c
-		}
-		c.n++
+	switch {
+	case t.showResolved:
+	case inc.Cause == correlate.CauseClashResolved:
 		race := correlate.RaceSameTuple
 		if inc.Race != nil {
 			race = *inc.Race
 		}
-		c.byRace[race]++
+		t.sum(sumRescued, inc, race)
+		return
+	case inc.RefusedAtSend:
+		t.sum(sumRefused, inc, inc.Cause)
 		return
 	}
 	t.held = append(t.held, inc)
+}
+
+func (t *TextWriter) sum(kind string, inc *correlate.Incident, by string) {
+	k := sumKey{kind, who(inc)}
+	c := t.sums[k]
+	if c == nil {
+		c = &sumCount{by: map[string]int{}, first: inc.Time, ordinal: len(t.sums)}
+		t.sums[k] = c
+	}
+	c.n++
+	c.by[by]++
 }
 
 // Release writes the held stalls that started before oldestOpen, in the
@@ -90,41 +109,52 @@ func (t *TextWriter) Release(oldestOpen, now time.Time) {
 		t.lastFlush = now
 	}
 	if now.Sub(t.lastFlush) >= rescuedEvery {
-		t.flushRescued(now)
+		t.flushSums(now)
 	}
 }
 
 // Close writes everything held.
 func (t *TextWriter) Close(now time.Time) {
 	t.Release(time.Time{}, now)
-	t.flushRescued(now)
+	t.flushSums(now)
 }
 
-func (t *TextWriter) flushRescued(now time.Time) {
+func (t *TextWriter) flushSums(now time.Time) {
 	t.lastFlush = now
-	keys := make([]string, 0, len(t.rescued))
-	for k := range t.rescued {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return t.rescued[keys[i]].ordinal < t.rescued[keys[j]].ordinal })
+	keys := slices.Collect(maps.Keys(t.sums))
+	sort.Slice(keys, func(i, j int) bool { return t.sums[keys[i]].ordinal < t.sums[keys[j]].ordinal })
 	var b strings.Builder
 	for _, k := range keys {
-		c := t.rescued[k]
-		what := "races"
-		if c.n == 1 {
-			what = "race"
-		}
-		if c.byRace[correlate.RaceSameTuple] == c.n {
-			what = "A/AAAA " + what
-		}
-		fmt.Fprintf(&b, "%s  rescued  %d %s rescued by the kernel, no query lost, in %s since %s",
-			now.Format("15:04:05.000"), c.n, what, k, c.first.Format("15:04:05"))
-		if len(c.byRace) > 1 {
-			fmt.Fprintf(&b, " (same_tuple %d, reply_clash %d)", c.byRace[correlate.RaceSameTuple], c.byRace[correlate.RaceReplyClash])
+		c := t.sums[k]
+		at, since := now.Format("15:04:05.000"), c.first.Format("15:04:05")
+		switch k.kind {
+		case sumRescued:
+			what := "races"
+			if c.n == 1 {
+				what = "race"
+			}
+			if c.by[correlate.RaceSameTuple] == c.n {
+				what = "A/AAAA " + what
+			}
+			fmt.Fprintf(&b, "%s  rescued  %d %s rescued by the kernel, no query lost, in %s since %s", at, c.n, what, k.who, since)
+			if len(c.by) > 1 {
+				fmt.Fprintf(&b, " (same_tuple %d, reply_clash %d)", c.by[correlate.RaceSameTuple], c.by[correlate.RaceReplyClash])
+			}
+		case sumRefused:
+			what := "queries"
+			if c.n == 1 {
+				what = "query"
+			}
+			var causes []string
+			for _, cause := range slices.Sorted(maps.Keys(c.by)) {
+				causes = append(causes, fmt.Sprintf("%s %d", cause, c.by[cause]))
+			}
+			fmt.Fprintf(&b, "%s  refused  %d %s refused inside their send, no lookup waited, in %s since %s (%s)",
+				at, c.n, what, k.who, since, strings.Join(causes, ", "))
 		}
 		b.WriteByte('\n')
 	}
-	clear(t.rescued)
+	clear(t.sums)
 	io.WriteString(t.w, b.String())
 }
 
@@ -150,7 +180,7 @@ func FormatIncident(inc *correlate.Incident) string {
 	}
 	stall := "no retry seen"
 	switch {
-	case inc.Cause == correlate.CauseClashResolved:
+	case inc.Cause == correlate.CauseClashResolved, inc.RefusedAtSend:
 		stall = "no stall"
 	case inc.StallMs != nil:
 		stall = fmt.Sprintf("stalled %.1f s", *inc.StallMs/1e3)
@@ -161,6 +191,9 @@ func FormatIncident(inc *correlate.Incident) string {
 	}
 	if inc.Cause == correlate.CauseClashResolved {
 		detail("rescued", "lost the conntrack race but the kernel let it through (merged, or inserted reply-only)")
+	}
+	if inc.RefusedAtSend {
+		detail("refused", "dropped inside its send, which returned the error: the sender asked again at once")
 	}
 	for _, p := range inc.Lost {
 		how := "no answer came back; nothing on this node dropped it"
@@ -251,6 +284,16 @@ func FormatSummary(s *Summary) string {
 		fmt.Fprintf(&b, " (%s)", strings.Join(parts, ", "))
 	}
 	fmt.Fprintf(&b, "\n  conntrack races the kernel rescued, no query lost: %d\n", rescued)
+	if len(s.RefusedAtSend) > 0 {
+		refused, parts := 0, []string{}
+		for _, c := range correlate.Causes {
+			if n := s.RefusedAtSend[c]; n > 0 {
+				refused += n
+				parts = append(parts, fmt.Sprintf("%s %d", c, n))
+			}
+		}
+		fmt.Fprintf(&b, "  queries refused inside their send (resent at once, or given up), no lookup waited: %d (%s)\n", refused, strings.Join(parts, ", "))
+	}
 	q := s.Queries
 	fmt.Fprintf(&b, "  DNS queries seen: %d; answered %d, lost %d, waiting for an answer now %d, forgotten unfinished (over the %s cap) %d\n",
 		q.Queries, q.Answered, q.Lost, q.InFlight, "in-flight", q.Evicted)
