@@ -436,21 +436,21 @@ func (s *Session) Probes() []probe.ProbeInfo { return s.tracer.Probes() }
 
 // Summary is the reconciliation written at the end of a session.
 type Summary struct {
-	Type       string               `json:"type"` // "summary", or "checkpoint" (SIGUSR1)
-	DurationS  float64              `json:"duration_s"`
-	Incidents  map[string]int       `json:"incidents"`
+	Type      string         `json:"type"` // "summary", or "checkpoint" (SIGUSR1)
+	DurationS float64        `json:"duration_s"`
+	Incidents map[string]int `json:"incidents"`
 	// RefusedAtSend counts, by cause, the queries lost inside their send
 	// (the sender was told) that nobody waited on: resent at once, or not
 	// asked again at all (incidents with refused_at_send, not counted in
 	// Incidents).
-	RefusedAtSend map[string]int `json:"refused_at_send,omitempty"`
-	Kernel     ctstats.Counters     `json:"kernel"`
-	Attributed correlate.Attributed `json:"attributed"`
-	Mismatch   []string             `json:"mismatch"`
-	Events     uint64               `json:"events"`
-	EventBytes uint64               `json:"event_bytes"`
-	EventsLost uint64               `json:"events_lost"`
-	Malformed  uint64               `json:"events_malformed"`
+	RefusedAtSend map[string]int       `json:"refused_at_send,omitempty"`
+	Kernel        ctstats.Counters     `json:"kernel"`
+	Attributed    correlate.Attributed `json:"attributed"`
+	Mismatch      []string             `json:"mismatch"`
+	Events        uint64               `json:"events"`
+	EventBytes    uint64               `json:"event_bytes"`
+	EventsLost    uint64               `json:"events_lost"`
+	Malformed     uint64               `json:"events_malformed"`
 	// KernelFlows are the kernel side's flow counts (at the end only).
 	KernelFlows *KernelFlows       `json:"kernel_flows,omitempty"`
 	Queries     correlate.Stats    `json:"queries"`
