@@ -3,6 +3,7 @@ package correlate
 import (
 	"hash/maphash"
 	"math"
+	"net/netip"
 	"time"
 
 	"github.com/dnsrace/dnsrace/internal/ctstats"
@@ -30,6 +31,22 @@ type Config struct {
 	// ResolverTimeout: at Close, a query unanswered for this long is lost
 	// (its resolver has given up on it already).
 	ResolverTimeout time.Duration
+	// LateAnswer: a query answered this long after it was sent, with no
+	// loss of its own, is a stall too (late_answer, or upstream_lost when
+	// a local forwarder's query for it was lost).
+	LateAnswer time.Duration
+	// AddrOwner names the namespace that holds an address (a local
+	// forwarder a client asked); nil: unknown (only a forwarder on the
+	// client's own loopback is found).
+	AddrOwner func(netip.Addr) (netns uint32, ok bool)
+	// ForwarderGrace is how long a stall's incident waits, once the stall
+	// ended, for the stalls of clients that waited on it (a forwarder's
+	// next try answers them too, moments later) to name it (negative:
+	// none).
+	ForwarderGrace time.Duration
+	// UpstreamTCP reports whether the forwarder in netns has TCP
+	// connections to DNS servers (it forwards over TCP); nil: unknown.
+	UpstreamTCP func(netns uint32) bool
 	// MaxQueries caps the queries in flight; the oldest are evicted and
 	// counted.
 	MaxQueries int
@@ -84,6 +101,15 @@ func (c *Config) defaults() {
 	}
 	if c.ResolverTimeout == 0 {
 		c.ResolverTimeout = 5 * time.Second
+	}
+	if c.LateAnswer == 0 {
+		c.LateAnswer = time.Second
+	}
+	switch {
+	case c.ForwarderGrace == 0:
+		c.ForwarderGrace = 500 * time.Millisecond
+	case c.ForwarderGrace < 0:
+		c.ForwarderGrace = 0
 	}
 	if c.MaxQueries == 0 {
 		c.MaxQueries = DefaultMaxQueries
@@ -153,6 +179,12 @@ type Correlator struct {
 	rescuesFrom map[uint32]uint64
 	// latest: each client's latest query per name and type (resend.go)
 	latest *[resendSlots]resendSlot
+	// latestByNS, history, waitingOut: each namespace's latest query per
+	// question, each client's last stall per name, and incidents waiting
+	// for their clients' stalls to name them (forwarder.go)
+	latestByNS *[latestSlots]latestRef
+	history    *[historySlots]pastStall
+	waitingOut []lingering
 	// strs interns question names by hash.
 	strs *[internSlots]interned
 	// locs caches drop locations by address: a flood of drops comes from a
@@ -177,7 +209,7 @@ func New(cfg Config) *Correlator {
 	cfg.defaults()
 	return &Correlator{cfg: cfg, seed: maphash.MakeSeed(), ix: newIndex(),
 		stalls: map[*stall]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned),
-		latest: new([resendSlots]resendSlot)}
+		latest: new([resendSlots]resendSlot), latestByNS: new([latestSlots]latestRef), history: new([historySlots]pastStall)}
 }
 
 // Stats are the correlator's own counts.
@@ -217,6 +249,9 @@ func (c *Correlator) OldestOpen() uint64 {
 	}
 	for o := range c.stalls {
 		take(o.firstNs)
+	}
+	for _, l := range c.waitingOut {
+		take(l.firstNs)
 	}
 	if q := c.oldestPending(); q != nil {
 		take(q.sentNs)
@@ -292,6 +327,9 @@ func (c *Correlator) Handle(e *event.Event) {
 			c.ix.setState(q, stateAnswered)
 			c.ix.unpend(q)
 			c.answered++
+			if e.TimeNs >= q.sentNs+uint64(c.cfg.LateAnswer) {
+				c.lateAnswer(q, e.TimeNs)
+			}
 		}
 	case event.KindDrop:
 		if e.Response() {
@@ -368,6 +406,7 @@ func (c *Correlator) newQuery(e *event.Event) {
 	}
 	c.queries++
 	c.noteResend(q)
+	c.noteLatest(q)
 	if q.state == statePending {
 		c.ix.promote(q.sentNs, uint64(c.cfg.MinRetryGap))
 		c.retry(q)
@@ -389,6 +428,7 @@ func (c *Correlator) Tick(now uint64) {
 	c.classifyDue(now, false)
 	c.endAttempts(now)
 	c.expire(now)
+	c.emitLingering(now, false)
 	// A tick may empty the drops' log and the next refill it: shrunk at
 	// every tick, a flood of drops regrew it (copying) as often.
 	if now >= c.compactAt {
@@ -472,4 +512,5 @@ func (c *Correlator) Close(now uint64) {
 	for o := range c.stalls {
 		c.finish(o, end)
 	}
+	c.emitLingering(end, true)
 }

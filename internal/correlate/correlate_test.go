@@ -52,6 +52,9 @@ func newHarness(t *testing.T, counters fakeCounters) *harness {
 	h := &harness{t: t}
 	h.c = New(Config{
 		Counters: counters,
+		// Incidents at the tick their stall ends: tests of forwarders
+		// set a grace of their own.
+		ForwarderGrace: -1,
 		ReasonName: func(v uint32) string {
 			return map[uint32]string{0: "NOT_SPECIFIED", reasonNetfilter: "NETFILTER_DROP", reasonNoSocket: "NO_SOCKET",
 				reasonRcvbuf: "SOCKET_RCVBUFF", reasonOther: "IP_OUTNOROUTES"}[v]

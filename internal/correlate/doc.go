@@ -62,6 +62,11 @@
 //	answer dropped for any other reason                        local_drop       -
 //	never answered, and neither the query nor its answer       no_reply         -
 //	  seen dropped
+//	never answered, or answered late, and the local forwarder  upstream_lost    -
+//	  it asked lost its own query for the question (the one in
+//	  flight, which the question joined, or the next)
+//	answered, but after a second or more, and neither it nor   late_answer      -
+//	  a forwarder's query for it lost
 //	a race the kernel rescued: the loser merged into the       clash_resolved   clash_resolve
 //	  winner's entry, inserted reply-only (IPS_NAT_CLASH), or
 //	  (tracepoint tier before 6.4) its unconfirmed entry freed

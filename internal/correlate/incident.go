@@ -23,11 +23,17 @@ const (
 	// CauseLocalDrop: dropped on the node for another reason (the drop
 	// reason says which).
 	CauseLocalDrop = "local_drop"
+	// CauseUpstreamLost: a local forwarder's query for the question was
+	// lost; the client waited on it (Incident.Upstream).
+	CauseUpstreamLost = "upstream_lost"
+	// CauseLateAnswer: answered, but only after Config.LateAnswer, with
+	// no loss on the node to explain it.
+	CauseLateAnswer = "late_answer"
 )
 
 // Causes lists every cause in a fixed order (for summaries and metrics).
 var Causes = []string{CauseInsertRace, CauseClashResolved, CauseTableFull, CauseRuleDrop,
-	CauseReplyUnmatched, CauseRcvbufFull, CauseNoReply, CauseLocalDrop}
+	CauseReplyUnmatched, CauseRcvbufFull, CauseNoReply, CauseLocalDrop, CauseUpstreamLost, CauseLateAnswer}
 
 // Races.
 const (
@@ -92,8 +98,11 @@ type Packet struct {
 	CPU      uint16 `json:"cpu"`
 	// SendFailed: dropped inside its send, which returned the error to
 	// the sender (a netfilter drop in the sender's own namespace).
-	SendFailed bool   `json:"send_failed,omitempty"`
-	SentNs     uint64 `json:"-"`
+	SendFailed bool `json:"send_failed,omitempty"`
+	// AnsweredMs: it was answered, this long after it was sent (a late
+	// answer); null for one never answered.
+	AnsweredMs *float64 `json:"answered_ms,omitempty"`
+	SentNs     uint64   `json:"-"`
 }
 
 // Dropped reports whether the packet was freed on this node (a drop record:
@@ -174,6 +183,13 @@ type Incident struct {
 	// its send, which told the sender (SendFailed), and the sender asked
 	// again at once (Retry); StallMs is 0.
 	RefusedAtSend bool `json:"refused_at_send,omitempty"`
+	// Upstream: the stall is a local forwarder's (upstream_lost): the
+	// query it asked upstream for this question, and what became of it.
+	Upstream *Upstream `json:"upstream,omitempty"`
+	// Downstream: the clients' queries that waited on this lost query (it
+	// was a forwarder's), the first 16; DownstreamMore counts the rest.
+	Downstream     []Asker `json:"downstream,omitempty"`
+	DownstreamMore int     `json:"downstream_more,omitempty"`
 }
 
 // Attributed counts the packets dnsrace explained, in the kernel's counter

@@ -80,6 +80,8 @@ type queryExtra struct {
 	// resentBy: the query its client sent next for its name and type,
 	// within MinRetryGap (resend.go)
 	resentBy uint64
+	// late: its incident, when it was answered late (forwarder.go)
+	late *Incident
 }
 
 // extraForWrite returns q's extra part to fill in, allocating it on first

@@ -1,6 +1,7 @@
 package correlate
 
 import (
+	"encoding/json"
 	"math"
 	"net/netip"
 	"strconv"
@@ -68,7 +69,26 @@ func (inc *Incident) AppendJSON(b []byte) []byte {
 	if inc.RefusedAtSend {
 		b = append(b, `,"refused_at_send":true`...)
 	}
+	// Rare, and a few per incident at most: encoding/json's own.
+	if inc.Upstream != nil {
+		b = appendMarshal(b, `,"upstream":`, inc.Upstream)
+	}
+	if len(inc.Downstream) > 0 {
+		b = appendMarshal(b, `,"downstream":`, inc.Downstream)
+	}
+	b = appendNonZero(b, `,"downstream_more":`, uint64(inc.DownstreamMore))
 	return append(b, '}')
+}
+
+// appendMarshal writes key and v as json.Marshal writes it (null if it
+// cannot, which the types written here never do).
+func appendMarshal(b []byte, key string, v any) []byte {
+	b = append(b, key...)
+	j, err := json.Marshal(v)
+	if err != nil {
+		return append(b, "null"...)
+	}
+	return append(b, j...)
 }
 
 func (r *Retry) appendJSON(b []byte) []byte {
@@ -106,6 +126,10 @@ func (p *Packet) appendJSON(b []byte) []byte {
 	b = appendNum(b, `,"cpu":`, uint64(p.CPU))
 	if p.SendFailed {
 		b = append(b, `,"send_failed":true`...)
+	}
+	if p.AnsweredMs != nil {
+		b = append(b, `,"answered_ms":`...)
+		b = appendFloat(b, *p.AnsweredMs)
 	}
 	return append(b, '}')
 }

@@ -33,6 +33,11 @@ const (
 	// (IPS_NAT_CLASH), or, in the tracepoint tier, its unconfirmed entry
 	// freed.
 	seenRescue
+	// seenUpstreamLoss: never answered or answered late, and the local
+	// forwarder it asked lost its own query for the question.
+	seenUpstreamLoss
+	// seenLateAnswer: answered, but late, and nothing lost on the way.
+	seenLateAnswer
 )
 
 // dropReason is an skb drop reason as a drop record carries it: its value,
@@ -204,6 +209,17 @@ var rules = []rule{
 		why:   "never answered, and neither the query nor its answer seen dropped",
 		seen:  seenNothing,
 		cause: CauseNoReply,
+	},
+	{
+		why: "never answered, or answered late, and the local forwarder it asked lost its own query for the " +
+			"question (the one in flight, which the question joined, or the next)",
+		seen:  seenUpstreamLoss,
+		cause: CauseUpstreamLost,
+	},
+	{
+		why:   "answered, but after a second or more, and neither it nor a forwarder's query for it lost",
+		seen:  seenLateAnswer,
+		cause: CauseLateAnswer,
 	},
 	{
 		why: "a race the kernel rescued: the loser merged into the winner's entry, inserted reply-only " +

@@ -478,7 +478,13 @@ func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
 	if inc.NodeNetNS == 0 {
 		inc.NodeNetNS = first.nodeNS
 	}
-	c.emit(inc, first, o.sib)
+	if o.sib != nil {
+		inc.Sibling = describeSibling(first, o.sib)
+	}
+	if inc.Cause == CauseNoReply {
+		c.explainByForwarder(inc, first)
+	}
+	c.linger(o, endNs)
 	// A query may be in two of these (a lost sibling): recycling it
 	// twice does nothing the second time.
 	for _, qs := range [][]*query{o.queries, o.attempt(), {o.sib}} {

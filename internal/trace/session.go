@@ -190,6 +190,13 @@ func Start(opts Options) (*Session, error) {
 	cfg.Counters = s.ns
 	cfg.Wall = s.wall
 	cfg.OnIncident = s.incident
+	owners := &addrOwners{ns: s.ns}
+	if cfg.AddrOwner == nil {
+		cfg.AddrOwner = owners.owner
+	}
+	if cfg.UpstreamTCP == nil {
+		cfg.UpstreamTCP = owners.upstreamTCP
+	}
 	s.corr = correlate.New(cfg)
 	s.buf = bufio.NewWriterSize(opts.Out, outBufferSize)
 	if !opts.JSON {

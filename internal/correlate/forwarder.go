@@ -1,0 +1,293 @@
+package correlate
+
+import (
+	"net/netip"
+)
+
+// A local forwarder (NodeLocal DNSCache, a dnsmasq, systemd-resolved)
+// answers a pod's query by asking upstream itself, and joins identical
+// questions in flight to one upstream query: when that query is lost, the
+// pods wait, though nothing lost theirs. Their queries are then never
+// answered (no_reply), or answered late, once the forwarder's next try
+// gets through. This file ties such a pod's stall to the forwarder's lost
+// query, and the forwarder's incident back to the pods that waited on it.
+//
+// The forwarder is whoever holds the address the pod asked (Config.
+// AddrOwner; a loopback address is the pod's own namespace), and its
+// query is its latest for the same question (name and type) from that
+// namespace. Its loss is its stall: in progress, or among the last ones
+// its client closed (stallHistory), covering the pod's query. Its
+// incident waits Config.ForwarderGrace after its stall ends (lingering)
+// for the pods' stalls to name it.
+
+
+// Upstream is the query a local forwarder sent upstream for the question
+// of a client's query, and what became of it.
+type Upstream struct {
+	// Incident is the forwarder's incident (its id), when it has one.
+	Incident uint64         `json:"incident,omitempty"`
+	NetNS    uint32         `json:"netns"`
+	PID      uint32         `json:"pid,omitempty"`
+	Comm     string         `json:"comm,omitempty"`
+	QType    QType          `json:"qtype,omitzero"`
+	ID       uint16         `json:"id,omitempty"`
+	Src      netip.AddrPort `json:"src,omitzero"`
+	Dst      netip.AddrPort `json:"dst,omitzero"`
+	// Cause, Race and the drop: the upstream query's own loss.
+	Cause    string `json:"cause,omitempty"`
+	Race     string `json:"race,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	Location string `json:"location,omitempty"`
+	// LostIn is the namespace where it was dropped.
+	LostIn uint32 `json:"lost_in,omitempty"`
+	// SentMs is when it was sent, from the client's query (negative: it
+	// was in flight already, and the client's question joined it).
+	SentMs float64 `json:"sent_ms"`
+	// TCP: the forwarder asked upstream over TCP (no UDP query of it was
+	// seen), which dnsrace does not follow: its answer came late, why is
+	// not known.
+	TCP bool `json:"tcp,omitempty"`
+}
+
+// Asker is a client's query that waited on a forwarder's lost query.
+type Asker struct {
+	Incident uint64         `json:"incident"`
+	NetNS    uint32         `json:"netns"`
+	Src      netip.AddrPort `json:"src"`
+	QType    QType          `json:"qtype"`
+	ID       uint16         `json:"id"`
+}
+
+// maxDownstream caps the askers an incident lists (the rest are counted).
+const maxDownstream = 16
+
+// latestSlots is the size of the table of each namespace's latest query
+// per question: direct-mapped, a slot per query, overwritten in place.
+const latestSlots = 1 << 13
+
+type latestRef struct {
+	key uint64
+	qid uint64
+}
+
+func latestKey(name uint64, qtype uint16, netns uint32) uint64 {
+	return name ^ uint64(qtype)*0x9e3779b97f4a7c15 ^ (uint64(netns)+1)*0xc2b2ae3d27d4eb4f
+}
+
+// noteLatest records q as its namespace's latest query for its question.
+func (c *Correlator) noteLatest(q *query) {
+	k := latestKey(q.name, q.qtype, q.netns)
+	c.latestByNS[k>>51&(latestSlots-1)] = latestRef{key: k, qid: q.qid}
+}
+
+// latestIn returns netns's latest query for the question of q, if known.
+func (c *Correlator) latestIn(q *query, netns uint32) *query {
+	k := latestKey(q.name, q.qtype, netns)
+	r := c.latestByNS[k>>51&(latestSlots-1)]
+	if r.key != k {
+		return nil
+	}
+	return c.ix.lookup(r.qid)
+}
+
+// historySlots is the size of the table of each client's last stall per
+// name: the forwarder's stall is looked up there once it has ended.
+const historySlots = 1 << 10
+
+// pastStall is an ended stall, as a client's query may need it: when it
+// ran, its incident, and its first lost query.
+type pastStall struct {
+	key            nameKey
+	firstNs, endNs uint64
+	inc            *Incident
+	up             Upstream
+}
+
+func historySlot(k nameKey) uint64 { return uint64(k) >> 54 & (historySlots - 1) }
+
+// lingering is an incident waiting Config.ForwarderGrace to be emitted.
+type lingering struct {
+	inc          *Incident
+	firstNs, due uint64
+}
+
+// linger holds inc for Config.ForwarderGrace before it is emitted, and records
+// the stall in its client's history.
+func (c *Correlator) linger(o *stall, endNs uint64) {
+	first := o.queries[0]
+	c.history[historySlot(o.key)] = pastStall{key: o.key, firstNs: o.firstNs, endNs: endNs, inc: o.inc, up: upstreamOf(first, o.inc)}
+	c.lingerIncident(o.inc, o.firstNs, endNs)
+}
+
+// lingerIncident holds inc, whose stall ran from firstNs to endNs, for
+// Config.ForwarderGrace (none: it is emitted now).
+func (c *Correlator) lingerIncident(inc *Incident, firstNs, endNs uint64) {
+	if c.cfg.ForwarderGrace == 0 {
+		if c.cfg.OnIncident != nil {
+			c.cfg.OnIncident(inc)
+		}
+		return
+	}
+	c.waitingOut = append(c.waitingOut, lingering{inc: inc, firstNs: firstNs, due: endNs + uint64(c.cfg.ForwarderGrace)})
+}
+
+// emitLingering emits the incidents whose grace is over by now (all with
+// force).
+func (c *Correlator) emitLingering(now uint64, force bool) {
+	n := 0
+	for _, l := range c.waitingOut {
+		if force || l.due <= now {
+			if c.cfg.OnIncident != nil {
+				c.cfg.OnIncident(l.inc)
+			}
+			continue
+		}
+		c.waitingOut[n] = l
+		n++
+	}
+	clear(c.waitingOut[n:])
+	c.waitingOut = c.waitingOut[:n]
+	if force {
+		clear(c.history[:])
+	}
+}
+
+// upstreamOf describes q, the first lost query of the stall whose incident
+// is inc, as an upstream query.
+func upstreamOf(q *query, inc *Incident) Upstream {
+	u := Upstream{Incident: inc.ID, NetNS: q.netns, PID: q.pid, Comm: inc.Comm, QType: QType(q.qtype), ID: q.id,
+		Src: q.src, Dst: q.dst}
+	if len(inc.Lost) > 0 {
+		p := inc.Lost[0]
+		u.Cause, u.Race, u.Reason, u.Location, u.LostIn = p.Cause, p.Race, p.Reason, p.Location, p.NetNS
+	}
+	return u
+}
+
+// forwarderOf finds the forwarder's lost query behind q, a client's query
+// that was never answered or answered late. It returns the forwarder's
+// stall's upstream description and its incident (nil when already
+// emitted), or false.
+func (c *Correlator) forwarderOf(q *query) (Upstream, *Incident, bool) {
+	if c.cfg.AddrOwner == nil && !q.dst.Addr().IsLoopback() {
+		return Upstream{}, nil, false
+	}
+	fwd := q.netns
+	if !q.dst.Addr().IsLoopback() {
+		var ok bool
+		if fwd, ok = c.cfg.AddrOwner(q.dst.Addr()); !ok {
+			return Upstream{}, nil, false
+		}
+	}
+	u := c.latestIn(q, fwd)
+	if u == nil || u.nk == q.nk {
+		// No query of the question from there: the forwarder asked some
+		// other way (TCP), or answered from its cache.
+		if c.cfg.UpstreamTCP != nil && c.cfg.UpstreamTCP(fwd) {
+			return Upstream{NetNS: fwd, TCP: true}, nil, true
+		}
+		return Upstream{}, nil, false
+	}
+	window := uint64(c.cfg.ResolverTimeout)
+	covers := func(firstNs, endNs uint64) bool {
+		return firstNs <= q.sentNs+uint64(c.cfg.MinRetryGap) && q.sentNs <= endNs && q.sentNs <= firstNs+window
+	}
+	if s, ok := c.ix.names.get(uint64(u.nk)); ok && s.stall != nil && covers(s.stall.firstNs, c.lastNs) {
+		o := s.stall
+		up := upstreamOf(o.queries[0], o.inc)
+		up.SentMs = float64(int64(o.firstNs)-int64(q.sentNs)) / 1e6
+		return up, o.inc, true
+	}
+	if h := &c.history[historySlot(u.nk)]; h.key == u.nk && h.inc != nil && covers(h.firstNs, h.endNs) {
+		up := h.up
+		up.SentMs = float64(int64(h.firstNs)-int64(q.sentNs)) / 1e6
+		var inc *Incident
+		for _, l := range c.waitingOut {
+			if l.inc == h.inc {
+				inc = h.inc
+				break
+			}
+		}
+		return up, inc, true
+	}
+	return Upstream{}, nil, false
+}
+
+// explainByForwarder makes inc, a client's stall that no loss of its own
+// explains (no_reply, late_answer), the forwarder's: cause upstream_lost,
+// naming the forwarder's lost query, which lists the client back.
+func (c *Correlator) explainByForwarder(inc *Incident, q *query) {
+	up, fwd, ok := c.forwarderOf(q)
+	if !ok {
+		return
+	}
+	inc.Upstream = &up
+	if up.TCP {
+		return // its answer came late; why is not known
+	}
+	ev := &c.evidence
+	*ev = evidence{seen: seenUpstreamLoss}
+	rule := decide(ev)
+	inc.Cause = rule.cause
+	for i := range inc.Lost {
+		if inc.Lost[i].Cause == CauseNoReply || inc.Lost[i].Cause == CauseLateAnswer {
+			inc.Lost[i].Cause = rule.cause
+		}
+	}
+	if fwd != nil {
+		if len(fwd.Downstream) < maxDownstream {
+			fwd.Downstream = append(fwd.Downstream, Asker{Incident: inc.ID, NetNS: inc.NetNS, Src: inc.Src, QType: inc.QType, ID: q.id})
+		} else {
+			fwd.DownstreamMore++
+		}
+	}
+}
+
+// lateAnswer reports q, answered at now after LateAnswer or more without a
+// loss of its own, as a stall: its wait is the client's whatever the
+// reason, and a forwarder's lost query may explain it. A query of a
+// lookup whose stall is in progress is that stall's; one whose A/AAAA
+// sibling was answered late too joins the sibling's incident while that
+// waits to be emitted: one incident per lookup.
+func (c *Correlator) lateAnswer(q *query, now uint64) {
+	if s := c.ix.nameOfQuery(q); s != nil && s.stall != nil {
+		return
+	}
+	ms := float64(now-q.sentNs) / 1e6
+	ev := &c.evidence
+	*ev = evidence{seen: seenLateAnswer}
+	rule := decide(ev)
+	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs, Cause: rule.cause, AnsweredMs: &ms}
+	sib := c.siblingQuery(q)
+	if sib != nil {
+		if inc := sib.extraForRead().late; inc != nil && c.isLingering(inc) {
+			if inc.Upstream != nil && !inc.Upstream.TCP {
+				p.Cause = inc.Cause
+			}
+			inc.Lost = append(inc.Lost, p)
+			if ms > *inc.StallMs {
+				inc.StallMs = &ms
+			}
+			return
+		}
+	}
+	inc := c.newIncident(q, rule.cause, "")
+	inc.StallMs = &ms
+	inc.Lost = append(inc.Lost, p)
+	c.explainByForwarder(inc, q)
+	if sib != nil {
+		inc.Sibling = describeSibling(q, sib)
+	}
+	q.extraForWrite().late = inc
+	c.lingerIncident(inc, q.sentNs, now)
+}
+
+// isLingering: inc waits to be emitted.
+func (c *Correlator) isLingering(inc *Incident) bool {
+	for _, l := range c.waitingOut {
+		if l.inc == inc {
+			return true
+		}
+	}
+	return false
+}
