@@ -1,6 +1,7 @@
 // Package ctentry reads the conntrack entries of a network namespace over
 // ctnetlink: one entry by its original tuple (Get), every entry a filter
-// keeps (Dump), and deletes one (Delete).
+// keeps (Dump), and deletes one (Delete). ParseList reads the same entries
+// from saved `conntrack -L` text or /proc/net/nf_conntrack.
 //
 // The contract:
 //
@@ -15,6 +16,9 @@
 //   - Get and Delete report ErrNotFound (wrapped) when no entry has the
 //     tuple; Delete removes only the entry Get saw (by ID), not one that
 //     took its tuple since.
+//   - Text has neither NAT bits nor start times: ParseList derives DstNAT
+//     and SrcNAT from the tuples (as the kernel sets them) and leaves Start
+//     zero.
 //   - Each call opens its own netlink socket in the namespace and closes
 //     it; nothing is kept open, so nothing holds a namespace alive.
 //
