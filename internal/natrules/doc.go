@@ -25,7 +25,9 @@
 //   - A service is keyed by the VIP's address, port and protocol as the
 //     rules match them; a port or protocol the rules do not match is "any"
 //     (0), and Table.Backends counts those too. A DNAT without a port keeps
-//     the VIP's port.
+//     the VIP's port. A DNAT reached for packets whose destination address
+//     the rules never pinned to one address (NodePorts: any local address,
+//     a prefix) names no VIP and is left out.
 //   - What is not understood is never guessed: a DNAT whose address comes
 //     from a map, REDIRECT, an unreadable set, a rule with iptables-nft's
 //     xt expressions seen over netlink (those are read through
