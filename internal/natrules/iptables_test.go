@@ -184,3 +184,28 @@ func TestSplitSave(t *testing.T) {
 		t.Errorf("words %q", w)
 	}
 }
+
+// FuzzParseIptablesSave: any text parses without panicking, and every
+// service it reports has a VIP address and at least one backend address.
+func FuzzParseIptablesSave(f *testing.F) {
+	b, err := os.ReadFile("testdata/kube-proxy-iptables.txt")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(string(b))
+	f.Add("*nat\n:A - [0:0]\n-A PREROUTING -g A\n-A A -j A\n-A OUTPUT ! -d 10.0.0.1 -p udp -m multiport --dports 53,1:2 -j DNAT --to-destination [::1]:5\nCOMMIT\n")
+	f.Add("*nat\n-A OUTPUT -d 10.0.0.1/255.255.255.255 -p 17 --dport 53 -j DNAT --to-destination 10.1.0.1-10.1.0.9:1-2\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		tb := ParseIptablesSave("fuzz", s)
+		for _, svc := range tb.Services() {
+			if !svc.VIP.Addr().IsValid() || len(svc.Backends) == 0 {
+				t.Errorf("service %+v", svc)
+			}
+			for _, b := range svc.Backends {
+				if !b.Addr().IsValid() {
+					t.Errorf("backend %v of %s", b, svc.Key())
+				}
+			}
+		}
+	})
+}
