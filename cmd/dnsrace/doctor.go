@@ -36,6 +36,9 @@ Checks:
                    kallsyms) and which still drop
   kube-proxy       random DNAT of the DNS VIP over several endpoints, source NAT
                    without --random-fully, NodeLocal DNSCache
+  stale-nat        UDP conntrack entries to a DNS VIP that still go to a backend
+                   the NAT rules no longer name (kube-proxy did not delete them),
+                   in the host namespace and each --netns
   pod-resolvers    containers' resolv.conf options and libc (glibc/musl), grouped
   tracing          the attach tier dnsrace trace would get (fentry, kprobe,
                    tracepoint) and why

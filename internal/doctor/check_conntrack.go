@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/dnsrace/dnsrace/internal/ctstats"
+	"github.com/dnsrace/dnsrace/internal/nsutil"
 )
 
 // ctSnap is one namespace's conntrack counters, from ctnetlink (live) or
@@ -37,7 +38,7 @@ func readCTLive(netnsPath string) (ctSnap, error) {
 func readCTProcInNetNS(netnsPath string) (ctSnap, error) {
 	var s ctSnap
 	var probs problems
-	err := inNetNS(netnsPath, func() (err error) {
+	err := nsutil.DoPath(netnsPath, func() (err error) {
 		live := &env{Config: Config{Root: "/"}}
 		s, err = live.readCTFilesAt("/proc/thread-self/net/stat/nf_conntrack", &probs)
 		return err

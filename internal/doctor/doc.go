@@ -17,9 +17,11 @@
 //   - Live-only inputs (netlink, BPF program loads, iptables-save, nftables)
 //     are used only when Config.Live is set; otherwise the parts that need them
 //     are skipped with the reason, or read from saved dumps
-//     (Config.IptablesSave, Config.NftRuleset, or var/lib/dnsrace/ under Root).
+//     (Config.IptablesSave, Config.NftRuleset, or var/lib/dnsrace/ under Root;
+//     stale-nat reads saved `conntrack -L` output from
+//     var/lib/dnsrace/conntrack.txt, or proc/net/nf_conntrack).
 //
 // The checks: resolvers, bridge-takeover, conntrack, kernel-fix, kube-proxy,
-// pod-resolvers, tracing. Report.Exit is 0 when every check is ok or skip, 1
+// stale-nat, pod-resolvers, tracing. Report.Exit is 0 when every check is ok or skip, 1
 // when any warns or fails.
 package doctor

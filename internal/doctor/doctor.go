@@ -71,6 +71,7 @@ var allChecks = []check{
 	{"conntrack", checkConntrack},
 	{"kernel-fix", checkKernel},
 	{"kube-proxy", checkKubeProxy},
+	{"stale-nat", checkStaleNAT},
 	{"pod-resolvers", checkPods},
 	{"tracing", checkTracing},
 }

@@ -71,6 +71,10 @@ func TestFlatcarAzureBridge(t *testing.T) {
 		"different DNAT backends (random DNAT, kube-dns VIP): DROPS", "release 5.4 < 5.6")
 	wantVerdict(t, rs, "kube-proxy", Warn, "random over 2 endpoints", "KUBE-SVC-TCOU7JCQXEZGVUNU",
 		"nat/KUBE-POSTROUTING MASQUERADE without --random-fully")
+	wantVerdict(t, rs, "stale-nat", Warn, "10.240.0.27:53 (host)",
+		"host: udp 10.240.0.44:53318 -> 10.0.0.10:53 still goes to 10.240.0.27:53",
+		"not a current backend (10.240.0.12:53, 10.240.0.31:53)",
+		"delete: conntrack -D -p udp --orig-src 10.240.0.44 --orig-port-src 53318 --orig-dst 10.0.0.10 --orig-port-dst 53")
 	wantVerdict(t, rs, "pod-resolvers", Warn, "2 musl container(s) rely on single-request-reopen, which musl ignores",
 		"pid 1234 (nginx), pid 3456 (traefik)", "glibc, nameserver 10.0.0.10, options ndots:5")
 	wantVerdict(t, rs, "tracing", Fail, "no kernel BTF", "CONFIG_KPROBES=y", "/sys/kernel/btf/vmlinux: absent")
@@ -89,6 +93,8 @@ func TestHealthy(t *testing.T) {
 	wantVerdict(t, rs, "conntrack", OK, "clash_resolve=25")
 	wantVerdict(t, rs, "kernel-fix", OK, "[BTF: enum ip_conntrack_status has IPS_NAT_CLASH_BIT]", "clash_resolve counter available")
 	wantVerdict(t, rs, "tracing", OK, "kprobe tier or better")
+	wantVerdict(t, rs, "stale-nat", OK, "2 UDP conntrack entries to DNS VIPs, all going to current backends",
+		"host: 10.0.0.10:53/udp DNATs to 10.240.0.12:53, 10.240.0.31:53")
 	rep, _ := Run(context.Background(), Config{Root: "testdata/healthy"})
 	if rep.Exit != 0 {
 		t.Errorf("exit %d", rep.Exit)
@@ -205,6 +211,18 @@ func TestMalformedInputsSkip(t *testing.T) {
 		{"iptables dump empty", "kube-proxy", func(r string) error {
 			return os.WriteFile(filepath.Join(r, "var/lib/dnsrace/iptables-save.txt"), []byte("# nothing\n"), 0o644)
 		}, "has no rules"},
+		{"conntrack dump garbled", "stale-nat", func(r string) error {
+			return os.WriteFile(filepath.Join(r, "var/lib/dnsrace/conntrack.txt"), []byte("udp 17 29 src=10.240.0.44 dst=\n"), 0o644)
+		}, "1 line(s) not understood"},
+		{"conntrack dump missing", "stale-nat", func(r string) error {
+			return os.Remove(filepath.Join(r, "var/lib/dnsrace/conntrack.txt"))
+		}, "no conntrack entries to read"},
+		{"rules only in an nft dump", "stale-nat", func(r string) error {
+			if err := os.Remove(filepath.Join(r, "var/lib/dnsrace/iptables-save.txt")); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(r, "var/lib/dnsrace/nft-ruleset.txt"), []byte("table ip kube-proxy {\n}\n"), 0o644)
+		}, "only in an nft text dump"},
 		{"pods resolv.conf unreadable", "pod-resolvers", func(r string) error {
 			for _, pid := range []string{"4321", "4400", "4500"} {
 				p := filepath.Join(r, "proc", pid, "root/etc/resolv.conf")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dnsrace/dnsrace/internal/ctstats"
 	"github.com/dnsrace/dnsrace/internal/kconfig"
+	"github.com/dnsrace/dnsrace/internal/natrules"
 )
 
 // Fuzzers for every parser of a file doctor reads from a node (or a dump of
@@ -49,7 +50,7 @@ func FuzzParseIptablesSave(f *testing.F) {
 		rf := parseIptablesSave("dump", s)
 		rules := 0
 		for _, l := range strings.Split(s, "\n") {
-			if l = strings.TrimSpace(l); strings.HasPrefix(l, "-A ") && len(splitArgs(l)) >= 2 {
+			if l = strings.TrimSpace(l); strings.HasPrefix(l, "-A ") && len(natrules.SplitArgs(l)) >= 2 {
 				rules++
 			}
 		}

@@ -7,41 +7,15 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
-	"runtime"
 	"strings"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
-)
 
-// inNetNS runs fn on a locked OS thread inside the network namespace at
-// path ("" runs it in place). The thread is never unlocked, so the runtime
-// ends it afterwards and no goroutine runs in the wrong namespace. Programs
-// started by fn inherit the thread's namespace.
-func inNetNS(path string, fn func() error) error {
-	if path == "" {
-		return fn()
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open(path)
-		if err != nil {
-			errc <- fmt.Errorf("opening network namespace %s: %w", path, err)
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("entering network namespace %s: %w", path, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
+	"github.com/dnsrace/dnsrace/internal/natrules"
+)
 
 // liveTimeout bounds each netlink conversation: doctor runs on sick nodes
 // and must answer even when a kernel interface does not.
@@ -65,40 +39,17 @@ func withTimeout(d time.Duration, what string, fn func() error) error {
 func liveIptables(ctx context.Context, netns string) (ruleFacts, []string, error) {
 	var f ruleFacts
 	var notes []string
-	var tools []string
-	for _, t := range []string{"iptables-legacy-save", "iptables-nft-save"} {
-		if _, err := exec.LookPath(t); err == nil {
-			tools = append(tools, t)
+	dumps, err := natrules.SaveIptables(ctx, netns, false)
+	if len(dumps) == 0 {
+		if err == nil {
+			err = fmt.Errorf("no iptables-save output")
 		}
+		return f, nil, fmt.Errorf("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
-	if len(tools) == 0 {
-		if _, err := exec.LookPath("iptables-save"); err == nil {
-			tools = []string{"iptables-save"}
-		}
-	}
-	if len(tools) == 0 {
-		return f, nil, fmt.Errorf("no iptables-save in PATH")
-	}
-	var errs []string
-	ran := 0
-	for _, t := range tools {
-		var out, stderr bytes.Buffer
-		err := inNetNS(netns, func() error {
-			cmd := exec.CommandContext(ctx, t)
-			cmd.Stdout, cmd.Stderr = &out, &stderr
-			return cmd.Run()
-		})
-		if err != nil {
-			errs = append(errs, fmt.Sprintf("running %s: %v: %s", t, err, strings.TrimSpace(stderr.String())))
-			continue
-		}
-		ran++
-		rf := parseIptablesSave(t, out.String())
-		notes = append(notes, fmt.Sprintf("%s: %d rules", t, rf.RuleSeen))
+	for _, d := range dumps {
+		rf := parseIptablesSave(d.Tool, d.Text)
+		notes = append(notes, fmt.Sprintf("%s: %d rules", d.Tool, rf.RuleSeen))
 		f.merge(rf)
-	}
-	if ran == 0 {
-		return f, notes, fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
 	return f, notes, nil
 }
@@ -140,7 +91,7 @@ func liveNftRead(netns string) (ruleFacts, error) {
 		if err != nil {
 			return f, fmt.Errorf("listing rules of %s/%s: %w", ch.Table.Name, ch.Name, err)
 		}
-		where := fmt.Sprintf("%s %s/%s", familyName(ch.Table.Family), ch.Table.Name, ch.Name)
+		where := fmt.Sprintf("%s %s/%s", natrules.FamilyName(ch.Table.Family), ch.Table.Name, ch.Name)
 		for _, r := range rules {
 			compat := false
 			for _, e := range r.Exprs {
@@ -204,22 +155,4 @@ func nftFlags(random, fully bool) string {
 		return " random"
 	}
 	return ""
-}
-
-func familyName(f nftables.TableFamily) string {
-	switch f {
-	case nftables.TableFamilyIPv4:
-		return "ip"
-	case nftables.TableFamilyIPv6:
-		return "ip6"
-	case nftables.TableFamilyINet:
-		return "inet"
-	case nftables.TableFamilyBridge:
-		return "bridge"
-	case nftables.TableFamilyARP:
-		return "arp"
-	case nftables.TableFamilyNetdev:
-		return "netdev"
-	}
-	return fmt.Sprintf("family%d", f)
 }

@@ -98,7 +98,7 @@ func labTopology(t *testing.T) (string, string) {
 	sh(t, "", "ip", "-n", node, "link", "set", "n1", "up")
 	sh(t, "", "ip", "-n", node, "link", "set", "n1p", "up")
 	sh(t, "", "ip", "-n", node, "neigh", "add", "10.250.1.2", "lladdr", "02:00:00:00:01:02", "dev", "n1")
-	if err := inNetNS(nodePath, func() error {
+	if err := nsutil.DoPath(nodePath, func() error {
 		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644)
 	}); err != nil {
 		t.Fatalf("enabling forwarding in the node namespace: %v", err)
@@ -118,7 +118,7 @@ func labTopology(t *testing.T) (string, string) {
 func raceTraffic(t *testing.T, nsPath string, pairs int, sameSocket bool) {
 	t.Helper()
 	var conns [2][]*net.UDPConn
-	err := inNetNS(nsPath, func() error {
+	err := nsutil.DoPath(nsPath, func() error {
 		for i := 0; i < pairs; i++ {
 			dst := &net.UDPAddr{IP: net.IPv4(10, 96, 0, 10), Port: 53}
 			if !sameSocket {

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/dnsrace/dnsrace/internal/natrules"
 )
 
 // ruleFacts is what the kube-proxy check needs from a node's NAT rules,
@@ -46,37 +48,6 @@ func (f *ruleFacts) merge(o ruleFacts) {
 
 const nodeLocalIP = "169.254.20.10"
 
-// splitArgs splits an iptables-save rule line into words, honouring the
-// double quotes iptables-save puts around comments.
-func splitArgs(line string) []string {
-	var out []string
-	var cur strings.Builder
-	inQ, have := false, false
-	for i := 0; i < len(line); i++ {
-		c := line[i]
-		switch {
-		case c == '\\' && inQ && i+1 < len(line):
-			i++
-			cur.WriteByte(line[i])
-		case c == '"':
-			inQ, have = !inQ, true
-		case (c == ' ' || c == '\t') && !inQ:
-			if have {
-				out = append(out, cur.String())
-				cur.Reset()
-				have = false
-			}
-		default:
-			cur.WriteByte(c)
-			have = true
-		}
-	}
-	if have {
-		out = append(out, cur.String())
-	}
-	return out
-}
-
 func argAfter(words []string, flag string) string {
 	for i := 0; i+1 < len(words); i++ {
 		if words[i] == flag {
@@ -92,28 +63,15 @@ func argAfter(words []string, flag string) string {
 func parseIptablesSave(source, text string) ruleFacts {
 	type rule struct{ words []string }
 	var f ruleFacts
-	table := ""
 	chains := map[string][]rule{} // "table/chain"
 	var order []string
-	sc := bufio.NewScanner(strings.NewReader(text))
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		switch {
-		case strings.HasPrefix(line, "*"):
-			table = line[1:]
-		case strings.HasPrefix(line, "-A "):
-			w := splitArgs(line)
-			if len(w) < 2 {
-				continue
-			}
-			key := table + "/" + w[1]
-			if _, ok := chains[key]; !ok {
-				order = append(order, key)
-			}
-			chains[key] = append(chains[key], rule{w})
-			f.RuleSeen++
+	for _, r := range natrules.SplitSave(text) {
+		key := r.Table + "/" + r.Chain
+		if _, ok := chains[key]; !ok {
+			order = append(order, key)
 		}
+		chains[key] = append(chains[key], rule{r.Words})
+		f.RuleSeen++
 	}
 	// Who jumps to each chain, to learn a service chain's VIP and port.
 	refs := map[string][]rule{}

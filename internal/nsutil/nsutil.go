@@ -116,6 +116,27 @@ func Do(name string, fn func() error) error {
 	})
 }
 
+// DoPath runs fn with the calling goroutine's thread inside the network
+// namespace at path (/run/netns/NAME, /proc/PID/ns/net, any nsfs file); ""
+// runs fn in place, in the caller's own namespace. Programs that fn starts
+// inherit the namespace.
+func DoPath(path string, fn func() error) error {
+	if path == "" {
+		return fn()
+	}
+	return onThread(func() error {
+		h, err := netns.GetFromPath(path)
+		if err != nil {
+			return fmt.Errorf("opening network namespace %s: %w", path, err)
+		}
+		defer h.Close()
+		if err := netns.Set(h); err != nil {
+			return fmt.Errorf("entering network namespace %s: %w", path, err)
+		}
+		return fn()
+	})
+}
+
 // DoHandle runs fn with the calling goroutine's thread inside the namespace
 // of h.
 func DoHandle(h netns.NsHandle, fn func() error) error {

@@ -51,6 +51,16 @@ func TestNamespaceLifecycle(t *testing.T) {
 	if strings.Join(links, ",") != "lo" {
 		t.Errorf("links inside: %v, want only lo", links)
 	}
+	// DoPath enters the same namespace by its path.
+	var inside uint32
+	if err := DoPath(Path(name), func() error {
+		var s unix.Stat_t
+		err := unix.Stat("/proc/thread-self/ns/net", &s)
+		inside = uint32(s.Ino)
+		return err
+	}); err != nil || inside != ino {
+		t.Errorf("DoPath ran in namespace %d (%v), want %d", inside, err, ino)
+	}
 	// The calling thread stayed where it was.
 	_ = unix.Stat("/proc/thread-self/ns/net", &st)
 	if uint32(st.Ino) == ino {
