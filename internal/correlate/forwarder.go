@@ -282,6 +282,21 @@ func (c *Correlator) lateAnswer(q *query, now uint64) {
 	c.lingerIncident(inc, q.sentNs, now)
 }
 
+// unlinger takes inc back from the incidents waiting to be emitted: it
+// returns inc if it was waiting, else nil.
+func (c *Correlator) unlinger(inc *Incident) *Incident {
+	if inc == nil {
+		return nil
+	}
+	for i, l := range c.waitingOut {
+		if l.inc == inc {
+			c.waitingOut = append(c.waitingOut[:i], c.waitingOut[i+1:]...)
+			return inc
+		}
+	}
+	return nil
+}
+
 // isLingering: inc waits to be emitted.
 func (c *Correlator) isLingering(inc *Incident) bool {
 	for _, l := range c.waitingOut {

@@ -333,6 +333,12 @@ func (c *Correlator) markLost(q *query, p Packet) {
 		}
 		c.fillIncident(o.inc, q, p.Cause, p.Race)
 		o.inc.Lost = o.lost1[:0]
+		if o.sib != nil {
+			// Its sibling answered late: the lookup's stall has it.
+			if late := c.unlinger(o.sib.extraForRead().late); late != nil {
+				o.inc.Lost = append(o.inc.Lost, late.Lost...)
+			}
+		}
 		// Asked for only now: closeStall above forgets the name's state
 		// when nothing else is going on, and a state held across it was
 		// recycled for another name with this stall in it.
