@@ -20,7 +20,6 @@ import (
 // incident waits Config.ForwarderGrace after its stall ends (lingering)
 // for the pods' stalls to name it.
 
-
 // Upstream is the query a local forwarder sent upstream for the question
 // of a client's query, and what became of it.
 type Upstream struct {
