@@ -37,6 +37,15 @@ struct bpf_nf_ctx___dnsrace {
 	struct sk_buff *skb;
 } __attribute__((preserve_access_index));
 
+/* enum skb_drop_reason grows with every release; a reason newer than the
+ * arm64 vmlinux.h (6.1) is named by a flavour of the enum, which
+ * bpf_core_enum_value() relocates against the running kernel's. QUEUE_PURGE:
+ * commit 7b25a37b1c0b ("net: skb: introduce SKB_DROP_REASON_QUEUE_PURGE"),
+ * v6.10. */
+enum skb_drop_reason___dnsrace {
+	SKB_DROP_REASON_QUEUE_PURGE___dnsrace = 0,
+};
+
 /* skb:kfree_skb and kmem:kmem_cache_free changed their arguments; tp_btf
  * programs are chosen by the loader per prototype (internal/probe/hooks.go),
  * so no flavour is needed here. */

@@ -88,6 +88,10 @@ enum rec_flags {
 	 * socket, so it was dropped inside the send, which a netfilter drop
 	 * fails with an error the sender sees */
 	RF_SENDER = 1 << 3,
+	/* query: first seen at its own drop: NAT in its own namespace dropped
+	 * it, or it is a copy no earlier hop carried (a bridge flooding a
+	 * frame to hosts that are not its destination, after NAT rewrote it) */
+	RF_AT_DROP = 1 << 4,
 };
 
 struct tuple {

@@ -36,6 +36,24 @@ static __always_inline bool drop_is_final(__u32 reason)
 	       reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NO_SOCKET);
 }
 
+/* drop_is_deferred: a packet dropped for this reason waited in a
+ * neighbour's queue (the address it was sent to did not answer), so the
+ * drop comes long after the packet's last hop: it is of the flow the
+ * packet belongs to however old, never a resend. */
+static __always_inline bool drop_is_deferred(__u32 reason)
+{
+	if (!reason)
+		return false;
+#define DEFERRED(r)                                                                                                    \
+	(bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_##r) &&                                      \
+	 reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_##r))
+	if (DEFERRED(NEIGH_FAILED) || DEFERRED(NEIGH_QUEUEFULL) || DEFERRED(NEIGH_DEAD))
+		return true;
+#undef DEFERRED
+	return bpf_core_enum_value_exists(enum skb_drop_reason___dnsrace, SKB_DROP_REASON_QUEUE_PURGE___dnsrace) &&
+	       reason == bpf_core_enum_value(enum skb_drop_reason___dnsrace, SKB_DROP_REASON_QUEUE_PURGE___dnsrace);
+}
+
 /* drop reports a DNS packet freed by kfree_skb. A query may be first seen
  * here (NAT in its own namespace dropped it before any device did). In the
  * tracepoint tier an unconfirmed entry's drop looks for the entry that
@@ -75,7 +93,14 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 		struct flow *f;
 		query_key(&k, &s);
 		__u32 asker = 0;
-		qid = track_query(&s, skb, &k, true, TIER_TRACEPOINT, tracepoint_mode ? 0 : RF_NO_SOCKET, 0, &asker, &f);
+		f = drop_is_deferred(reason) ? lookup_flow(&k) : NULL;
+		if (f) {
+			qid = f->qid;
+			asker = f->netns;
+		} else {
+			qid = track_query(&s, skb, &k, true, TIER_TRACEPOINT,
+					  RF_AT_DROP | (tracepoint_mode ? 0 : RF_NO_SOCKET), 0, &asker, &f);
+		}
 		if (f)
 			f->pre_ct = 0; /* if confirm judged it, this drop was its verdict */
 		if (tracepoint_mode) {

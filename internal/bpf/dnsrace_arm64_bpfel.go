@@ -318,6 +318,7 @@ const (
 	DnsraceRecFlagsRF_RESPONSE  DnsraceRecFlags = 2
 	DnsraceRecFlagsRF_WINNER    DnsraceRecFlags = 4
 	DnsraceRecFlagsRF_SENDER    DnsraceRecFlags = 8
+	DnsraceRecFlagsRF_AT_DROP   DnsraceRecFlags = 16
 )
 
 type DnsraceRecHdr struct {

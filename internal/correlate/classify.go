@@ -25,6 +25,9 @@ type pendingDrop struct {
 	location uint64
 	timeNs   uint64
 	flags    uint8 // the drop record's (event.FlagSender)
+	// copy: the dropped packet was a copy of the query after NAT (its
+	// addresses), first seen at its drop (copies.go)
+	copy event.Tuple
 	// sentNs: when the dropped query was sent (a freed entry: timeNs),
 	// for OldestOpen.
 	sentNs uint64
@@ -196,6 +199,8 @@ func (c *Correlator) classify(d *pendingDrop) {
 	ev := &c.evidence
 	*ev = evidence{seen: seenQueryDrop, ct: d.ct.Ptr != 0, confirmed: d.ct.Confirmed(), confirmDrop: x.confirmDrop,
 		inSend: inSend}
+	stale := c.staleNAT(q, d)
+	ev.staleEntry = stale != nil
 	var reason, loc string
 	ev.reason, reason = c.reason(d.reason)
 	ev.symbol, loc = c.location(d.location)
@@ -212,7 +217,9 @@ func (c *Correlator) classify(d *pendingDrop) {
 	if rule.drop {
 		a.Drop++
 	}
-	q.nodeNS = d.netns
+	if !d.copy.IsValid() {
+		q.nodeNS = d.netns // a copy's drop was not where NAT ran
+	}
 	if rule.raced {
 		p.Race = raceKind(d.ct, winner)
 		qx := q.extraForWrite()
@@ -220,6 +227,9 @@ func (c *Correlator) classify(d *pendingDrop) {
 		if winner.Ptr != 0 {
 			qx.winner = c.flowOf(winner, wqid)
 		}
+	}
+	if rule.cause == CauseStaleNAT {
+		q.extraForWrite().stale = stale
 	}
 	if p.SendFailed {
 		if r := c.resentAtOnce(q); r != nil {

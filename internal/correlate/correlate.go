@@ -183,8 +183,14 @@ type Correlator struct {
 	// question, each client's last stall per name, and incidents waiting
 	// for their clients' stalls to name them (forwarder.go)
 	latestByNS *[latestSlots]latestRef
-	history    *[historySlots]pastStall
-	waitingOut []lingering
+	// byID, copies: the latest query per DNS id and question, and copies
+	// of queries found, until their drops come (copies.go)
+	byID   *[byIDSlots]byIDRef
+	copies map[uint64]copied
+	// lastAnswers: each socket's last answer (stale.go)
+	lastAnswers *[lastAnswerSlots]lastAnswer
+	history     *[historySlots]pastStall
+	waitingOut  []lingering
 	// strs interns question names by hash.
 	strs *[internSlots]interned
 	// locs caches drop locations by address: a flood of drops comes from a
@@ -209,7 +215,8 @@ func New(cfg Config) *Correlator {
 	cfg.defaults()
 	return &Correlator{cfg: cfg, seed: maphash.MakeSeed(), ix: newIndex(),
 		stalls: map[*stall]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned),
-		latest: new([resendSlots]resendSlot), latestByNS: new([latestSlots]latestRef), history: new([historySlots]pastStall)}
+		latest: new([resendSlots]resendSlot), latestByNS: new([latestSlots]latestRef), history: new([historySlots]pastStall),
+		byID: new([byIDSlots]byIDRef), copies: map[uint64]copied{}, lastAnswers: new([lastAnswerSlots]lastAnswer)}
 }
 
 // Stats are the correlator's own counts.
@@ -327,6 +334,7 @@ func (c *Correlator) Handle(e *event.Event) {
 			c.ix.setState(q, stateAnswered)
 			c.ix.unpend(q)
 			c.answered++
+			c.noteAnswer(q, e.TimeNs)
 			if e.TimeNs >= q.sentNs+uint64(c.cfg.LateAnswer) {
 				c.lateAnswer(q, e.TimeNs)
 			}
@@ -336,12 +344,21 @@ func (c *Correlator) Handle(e *event.Event) {
 			c.answerDropped(e)
 			return
 		}
+		d := pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), kind: e.Kind, qid: e.QID, netns: e.NetNS,
+			ct: e.CT, reason: e.Reason, location: e.Location, timeNs: e.TimeNs, flags: e.Flags}
 		q := c.ix.lookup(e.QID)
 		if q == nil {
-			return
+			cp, ok := c.copies[e.QID]
+			if !ok {
+				return
+			}
+			delete(c.copies, e.QID)
+			if q = c.ix.lookup(cp.orig); q == nil {
+				return
+			}
+			d.qid, d.copy = cp.orig, cp.pkt
 		}
-		d := pendingDrop{due: e.TimeNs + uint64(c.cfg.ClassifyDelay), kind: e.Kind, qid: e.QID, netns: e.NetNS,
-			ct: e.CT, reason: e.Reason, location: e.Location, timeNs: e.TimeNs, sentNs: q.sentNs, flags: e.Flags}
+		d.sentNs = q.sentNs
 		if e.Flags&event.FlagWinner != 0 {
 			w := e.Winner
 			d.winner, d.wqid = &w, e.WinnerQID
@@ -389,8 +406,12 @@ func (c *Correlator) Handle(e *event.Event) {
 
 // newQuery starts following a query.
 func (c *Correlator) newQuery(e *event.Event) {
-	q := c.ix.alloc()
 	h := c.hashName(e.DNS.NameKey())
+	if u := c.copyOf(e, h); u != nil {
+		c.copies[e.QID] = copied{orig: u.qid, pkt: e.Packet, atNs: e.TimeNs}
+		return
+	}
+	q := c.ix.alloc()
 	*q = query{qid: e.QID, netns: e.NetNS, src: e.Packet.Src, dst: e.Packet.Dst, id: e.DNS.ID, qtype: e.DNS.QType,
 		name: h, qname: c.intern(h, &e.DNS), sentNs: e.TimeNs, cpu: e.CPU, tier: e.Tier}
 	if e.Flags&event.FlagSender != 0 {
@@ -407,6 +428,7 @@ func (c *Correlator) newQuery(e *event.Event) {
 	c.queries++
 	c.noteResend(q)
 	c.noteLatest(q)
+	c.noteByID(q)
 	if q.state == statePending {
 		c.ix.promote(q.sentNs, uint64(c.cfg.MinRetryGap))
 		c.retry(q)
@@ -429,6 +451,7 @@ func (c *Correlator) Tick(now uint64) {
 	c.endAttempts(now)
 	c.expire(now)
 	c.emitLingering(now, false)
+	c.forgetCopies(now)
 	// A tick may empty the drops' log and the next refill it: shrunk at
 	// every tick, a flood of drops regrew it (copying) as often.
 	if now >= c.compactAt {

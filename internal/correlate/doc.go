@@ -49,6 +49,10 @@
 //	query dropped by netfilter with no entry at all, and the   table_full       drop
 //	  namespace's drop counter has room for it
 //	any other query dropped by netfilter: a rule               rule_drop        -
+//	query dropped for NEIGH_FAILED, NEIGH_QUEUEFULL,            stale_nat        -
+//	  NEIGH_DEAD, QUEUE_PURGE, IP_OUTNOROUTES, IP_INNOROUTES or
+//	  OTHERHOST on a conntrack entry that was NATed and answered
+//	  before it (an earlier query of its socket made it)
 //	any other query dropped                                    local_drop       -
 //	answer dropped for NO_SOCKET, SOCKET_FILTER,               reply_unmatched  -
 //	  NETFILTER_DROP or IP_NOPROTO; without a reason, freed

@@ -66,7 +66,7 @@ const latestSlots = 1 << 13
 
 type latestRef struct {
 	key uint64
-	qid uint64
+	nk  nameKey // the client that asked: its stalls outlive its queries
 }
 
 func latestKey(name uint64, qtype uint16, netns uint32) uint64 {
@@ -76,17 +76,14 @@ func latestKey(name uint64, qtype uint16, netns uint32) uint64 {
 // noteLatest records q as its namespace's latest query for its question.
 func (c *Correlator) noteLatest(q *query) {
 	k := latestKey(q.name, q.qtype, q.netns)
-	c.latestByNS[k>>51&(latestSlots-1)] = latestRef{key: k, qid: q.qid}
+	c.latestByNS[k>>51&(latestSlots-1)] = latestRef{key: k, nk: q.nk}
 }
 
-// latestIn returns netns's latest query for the question of q, if known.
-func (c *Correlator) latestIn(q *query, netns uint32) *query {
+// latestIn returns the client in netns that last asked the question of q.
+func (c *Correlator) latestIn(q *query, netns uint32) (nameKey, bool) {
 	k := latestKey(q.name, q.qtype, netns)
 	r := c.latestByNS[k>>51&(latestSlots-1)]
-	if r.key != k {
-		return nil
-	}
-	return c.ix.lookup(r.qid)
+	return r.nk, r.key == k
 }
 
 // historySlots is the size of the table of each client's last stall per
@@ -178,8 +175,8 @@ func (c *Correlator) forwarderOf(q *query) (Upstream, *Incident, bool) {
 			return Upstream{}, nil, false
 		}
 	}
-	u := c.latestIn(q, fwd)
-	if u == nil || u.nk == q.nk {
+	nk, ok := c.latestIn(q, fwd)
+	if !ok || nk == q.nk {
 		// No query of the question from there: the forwarder asked some
 		// other way (TCP), or answered from its cache.
 		if c.cfg.UpstreamTCP != nil && c.cfg.UpstreamTCP(fwd) {
@@ -187,17 +184,18 @@ func (c *Correlator) forwarderOf(q *query) (Upstream, *Incident, bool) {
 		}
 		return Upstream{}, nil, false
 	}
-	window := uint64(c.cfg.ResolverTimeout)
+	// The forwarder's stall was in progress when q was asked (its first
+	// lost query may be q's own forward, sent just after q).
 	covers := func(firstNs, endNs uint64) bool {
-		return firstNs <= q.sentNs+uint64(c.cfg.MinRetryGap) && q.sentNs <= endNs && q.sentNs <= firstNs+window
+		return firstNs <= q.sentNs+uint64(c.cfg.MinRetryGap) && q.sentNs <= endNs
 	}
-	if s, ok := c.ix.names.get(uint64(u.nk)); ok && s.stall != nil && covers(s.stall.firstNs, c.lastNs) {
+	if s, ok := c.ix.names.get(uint64(nk)); ok && s.stall != nil && covers(s.stall.firstNs, c.lastNs) {
 		o := s.stall
 		up := upstreamOf(o.queries[0], o.inc)
 		up.SentMs = float64(int64(o.firstNs)-int64(q.sentNs)) / 1e6
 		return up, o.inc, true
 	}
-	if h := &c.history[historySlot(u.nk)]; h.key == u.nk && h.inc != nil && covers(h.firstNs, h.endNs) {
+	if h := &c.history[historySlot(nk)]; h.key == nk && h.inc != nil && covers(h.firstNs, h.endNs) {
 		up := h.up
 		up.SentMs = float64(int64(h.firstNs)-int64(q.sentNs)) / 1e6
 		var inc *Incident

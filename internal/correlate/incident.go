@@ -29,11 +29,15 @@ const (
 	// CauseLateAnswer: answered, but only after Config.LateAnswer, with
 	// no loss on the node to explain it.
 	CauseLateAnswer = "late_answer"
+	// CauseStaleNAT: a conntrack entry made by an earlier query kept
+	// sending the socket's query to a NAT target that is gone
+	// (Incident.StaleNAT).
+	CauseStaleNAT = "stale_nat"
 )
 
 // Causes lists every cause in a fixed order (for summaries and metrics).
 var Causes = []string{CauseInsertRace, CauseClashResolved, CauseTableFull, CauseRuleDrop,
-	CauseReplyUnmatched, CauseRcvbufFull, CauseNoReply, CauseLocalDrop, CauseUpstreamLost, CauseLateAnswer}
+	CauseReplyUnmatched, CauseRcvbufFull, CauseNoReply, CauseLocalDrop, CauseUpstreamLost, CauseLateAnswer, CauseStaleNAT}
 
 // Races.
 const (
@@ -183,6 +187,9 @@ type Incident struct {
 	// its send, which told the sender (SendFailed), and the sender asked
 	// again at once (Retry); StallMs is 0.
 	RefusedAtSend bool `json:"refused_at_send,omitempty"`
+	// StaleNAT: the entry that sent the query to a NAT target that is
+	// gone (stale_nat).
+	StaleNAT *StaleNAT `json:"stale_nat,omitempty"`
 	// Upstream: the stall is a local forwarder's (upstream_lost): the
 	// query it asked upstream for this question, and what became of it.
 	Upstream *Upstream `json:"upstream,omitempty"`
@@ -190,6 +197,29 @@ type Incident struct {
 	// was a forwarder's), the first 16; DownstreamMore counts the rest.
 	Downstream     []Asker `json:"downstream,omitempty"`
 	DownstreamMore int     `json:"downstream_more,omitempty"`
+}
+
+// StaleNAT is a conntrack entry that outlived its NAT target: made by an
+// earlier query of the socket, it keeps sending the socket's queries to a
+// backend that is gone (kube-proxy deletes the UDP entries of removed
+// endpoints; when it does not, nothing does while the client keeps
+// talking: each packet refreshes the entry).
+type StaleNAT struct {
+	// NetNS is where the entry is (where NAT ran).
+	NetNS uint32 `json:"netns"`
+	// Entry is its tuples: Src -> Dst as the socket sent, ReplySrc the
+	// NAT target, which no longer answers (Gone).
+	Entry Flow           `json:"entry"`
+	Gone  netip.AddrPort `json:"gone"`
+	// LastAnswerMs: its socket's last answer from Dst, this long before
+	// the lost query (null: none seen).
+	LastAnswerMs *float64 `json:"last_answer_ms,omitempty"`
+	// Backends is what the namespace's NAT rules send Dst to now, read as
+	// the incident is written (natrules; absent when unreadable), and
+	// BackendsFrom where; Fix is the command that deletes the entry.
+	Backends     []netip.AddrPort `json:"backends,omitempty"`
+	BackendsFrom string           `json:"backends_from,omitempty"`
+	Fix          string           `json:"fix,omitempty"`
 }
 
 // Attributed counts the packets dnsrace explained, in the kernel's counter

@@ -82,6 +82,8 @@ type queryExtra struct {
 	resentBy uint64
 	// late: its incident, when it was answered late (forwarder.go)
 	late *Incident
+	// stale: the entry that sent it to a backend that is gone
+	stale *StaleNAT
 }
 
 // extraForWrite returns q's extra part to fill in, allocating it on first

@@ -70,6 +70,9 @@ func (inc *Incident) AppendJSON(b []byte) []byte {
 		b = append(b, `,"refused_at_send":true`...)
 	}
 	// Rare, and a few per incident at most: encoding/json's own.
+	if inc.StaleNAT != nil {
+		b = appendMarshal(b, `,"stale_nat":`, inc.StaleNAT)
+	}
 	if inc.Upstream != nil {
 		b = appendMarshal(b, `,"upstream":`, inc.Upstream)
 	}

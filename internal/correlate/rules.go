@@ -73,6 +73,9 @@ type evidence struct {
 	// inSend: the dropped packet still belonged to the socket that sent
 	// it (event.FlagSender): it was dropped inside that send.
 	inSend bool
+	// staleEntry: the dropped query's entry was NATed and had been
+	// answered before it (made by an earlier query of its socket).
+	staleEntry bool
 }
 
 // Netfilter drops: a netfilter verdict dropped the packet when the drop
@@ -170,6 +173,19 @@ var rules = []rule{
 		seen:  seenQueryDrop,
 		when:  (*evidence).netfilter,
 		cause: CauseRuleDrop,
+	},
+	{
+		// the entry keeps sending the socket's queries to a backend
+		// that is gone: no neighbour answers for its address (the
+		// drop comes when the neighbour's queue gives up), no route
+		// leads to it, or a bridge floods it to hosts that are not it
+		why: "query dropped for NEIGH_FAILED, NEIGH_QUEUEFULL, NEIGH_DEAD, QUEUE_PURGE, IP_OUTNOROUTES, " +
+			"IP_INNOROUTES or OTHERHOST on a conntrack entry that was NATed and answered before it (an earlier " +
+			"query of its socket made it)",
+		seen:    seenQueryDrop,
+		reasons: []string{"NEIGH_FAILED", "NEIGH_QUEUEFULL", "NEIGH_DEAD", "QUEUE_PURGE", "IP_OUTNOROUTES", "IP_INNOROUTES", "OTHERHOST"},
+		when:    func(e *evidence) bool { return e.staleEntry },
+		cause:   CauseStaleNAT,
 	},
 	{
 		why:   "any other query dropped",

@@ -101,9 +101,16 @@ func words(s string) string { return strings.Join(strings.Fields(s), " ") }
 // identifiers are the words of s that name a reason or a function: those
 // with an underscore.
 func identifiers(s string) []string {
+	// A reason without an underscore (OTHERHOST) is one some rule matches.
+	known := map[string]bool{}
+	for _, r := range rules {
+		for _, n := range r.reasons {
+			known[n] = true
+		}
+	}
 	var ids []string
 	for _, w := range strings.FieldsFunc(s, func(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsDigit(r) && r != '_' }) {
-		if strings.Contains(w, "_") {
+		if strings.Contains(w, "_") || known[w] {
 			ids = append(ids, w)
 		}
 	}

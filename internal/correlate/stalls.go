@@ -484,6 +484,17 @@ func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
 	if inc.NodeNetNS == 0 {
 		inc.NodeNetNS = first.nodeNS
 	}
+	for _, q := range o.queries {
+		if s := q.extraForRead().stale; s != nil {
+			inc.StaleNAT = s
+			if inc.Cause == CauseLocalDrop || inc.Cause == CauseNoReply {
+				// a first loss the entry's staleness explains too
+				// (its server gone before its address)
+				inc.Cause = CauseStaleNAT
+			}
+			break
+		}
+	}
 	if o.sib != nil {
 		inc.Sibling = describeSibling(first, o.sib)
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -198,4 +200,30 @@ func protoName(p uint8) string {
 		return "icmp"
 	}
 	return fmt.Sprint(p)
+}
+
+// DeleteCommand is the command an operator runs to delete the entry with
+// original tuple orig in the namespace at netnsPath ("" the caller's): `ip
+// netns exec NAME` for an iproute2 name, `nsenter --net=PATH` for any other
+// path, then conntrack -D by the original tuple.
+func DeleteCommand(netnsPath string, orig Tuple) string {
+	var argv []string
+	switch dir, name := path.Split(netnsPath); {
+	case netnsPath == "":
+	case dir == "/run/netns/" || dir == "/var/run/netns/":
+		argv = []string{"ip", "netns", "exec", name}
+	default:
+		argv = []string{"nsenter", "--net=" + netnsPath}
+	}
+	argv = append(argv, "conntrack", "-D")
+	if orig.Src.Addr().Is6() {
+		argv = append(argv, "-f", "ipv6")
+	}
+	proto := "udp"
+	if orig.Proto == unix.IPPROTO_TCP {
+		proto = "tcp"
+	}
+	return strings.Join(append(argv, "-p", proto,
+		"--orig-src", orig.Src.Addr().String(), "--orig-port-src", strconv.Itoa(int(orig.Src.Port())),
+		"--orig-dst", orig.Dst.Addr().String(), "--orig-port-dst", strconv.Itoa(int(orig.Dst.Port()))), " ")
 }

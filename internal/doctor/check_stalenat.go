@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"path"
 	"slices"
 	"strings"
 	"time"
@@ -32,29 +31,8 @@ type staleEntry struct {
 	live          bool // read over ctnetlink, which has start times
 }
 
-// deleteArgv is the command that deletes the entry, entering its
-// namespace the way an operator would: `ip netns exec` for an iproute2
-// name, nsenter for any other path.
-func (s staleEntry) deleteArgv() []string {
-	var argv []string
-	switch dir, name := path.Split(s.nsPath); {
-	case s.nsPath == "":
-	case dir == "/run/netns/" || dir == "/var/run/netns/":
-		argv = []string{"ip", "netns", "exec", name}
-	default:
-		argv = []string{"nsenter", "--net=" + s.nsPath}
-	}
-	o := s.entry.Orig
-	argv = append(argv, "conntrack", "-D")
-	if o.Src.Addr().Is6() {
-		argv = append(argv, "-f", "ipv6")
-	}
-	return append(argv, "-p", natrules.ProtoName(o.Proto),
-		"--orig-src", o.Src.Addr().String(), "--orig-port-src", fmt.Sprint(o.Src.Port()),
-		"--orig-dst", o.Dst.Addr().String(), "--orig-port-dst", fmt.Sprint(o.Dst.Port()))
-}
-
-func (s staleEntry) deleteCommand() string { return strings.Join(s.deleteArgv(), " ") }
+// deleteCommand is the command that deletes the entry (ctentry.DeleteCommand).
+func (s staleEntry) deleteCommand() string { return ctentry.DeleteCommand(s.nsPath, s.entry.Orig) }
 
 // describe says where the entry sends packets and why that is stale.
 func (s staleEntry) describe() string {

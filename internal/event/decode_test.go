@@ -135,7 +135,7 @@ func TestEnumValues(t *testing.T) {
 	flags := map[bpf.DnsraceRecFlags]int{
 		bpf.DnsraceRecFlagsRF_NO_SOCKET: FlagNoSocket, bpf.DnsraceRecFlagsRF_RESPONSE: FlagResponse,
 		bpf.DnsraceRecFlagsRF_WINNER: FlagWinner,
-		bpf.DnsraceRecFlagsRF_SENDER: FlagSender,
+		bpf.DnsraceRecFlagsRF_SENDER: FlagSender, bpf.DnsraceRecFlagsRF_AT_DROP: FlagAtDrop,
 	}
 	for c, g := range flags {
 		if int(c) != g {

@@ -78,6 +78,10 @@ const (
 	// (the packet was still its socket's), which a netfilter drop fails
 	// with an error the sender sees.
 	FlagSender = 1 << 3
+	// FlagAtDrop: a query first seen at its own drop (NAT in its own
+	// namespace dropped it, or a copy of another query after NAT that no
+	// earlier hop carried: a bridge flooded it).
+	FlagAtDrop = 1 << 4
 )
 
 // Tier is the kind of BPF program that produced an event.
@@ -128,6 +132,7 @@ func (t Tuple) String() string {
 // nf_conntrack_common.h) that user space reads (CT.Confirmed) or its tests
 // set. The kernel side reads IPS_NAT_CLASH itself (bpf/lib/conntrack.h).
 const (
+	IPSSeenReply = 1 << 1
 	IPSConfirmed = 1 << 3
 	IPSDstNAT    = 1 << 5
 )
@@ -141,6 +146,13 @@ type CT struct {
 }
 
 func (c CT) Confirmed() bool { return c.Status&IPSConfirmed != 0 }
+
+// Answered: the entry has seen a packet in the reply direction, so it
+// was made before the packet that carries it now, by an earlier one.
+func (c CT) Answered() bool { return c.Status&IPSSeenReply != 0 }
+
+// DNATed: the entry sends its original destination elsewhere.
+func (c CT) DNATed() bool { return c.Status&IPSDstNAT != 0 || c.Reply.Src != c.Orig.Dst }
 
 // MaxName bounds the question name's dotted form (QName, NameBytes); a
 // longer name is shown cut and NameTruncated is set. The name as sent

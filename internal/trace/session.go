@@ -109,7 +109,8 @@ type Session struct {
 	scans           chan map[uint32]string // the scanner's living namespaces
 
 	// Writer-owned (Stop's once the writer is done).
-	jsonl []byte // --json: each incident's line is built here
+	nat   *natReader // stale_nat incidents' rules and fix
+	jsonl []byte     // --json: each incident's line is built here
 	text  *TextWriter
 	buf   *bufio.Writer // under jsonl or text; flushed at each tick
 	outq  chan outBatch
@@ -179,6 +180,7 @@ func Start(opts Options) (*Session, error) {
 		scans: make(chan map[uint32]string, 1)}
 	s.syms, _ = ksym.Load("")
 	s.ns = newNamespaces(opts.ProcRoot)
+	s.nat = &natReader{ns: s.ns, read: map[uint32]natRead{}, ctNSs: func() []uint32 { return s.snap.Load().ctNS }}
 	s.watchNAT()
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
@@ -322,6 +324,9 @@ func (s *Session) write() {
 }
 
 func (s *Session) writeIncident(inc *correlate.Incident) {
+	if inc.StaleNAT != nil {
+		s.nat.complete(inc.StaleNAT)
+	}
 	if s.opts.Pods != nil {
 		Attribute(s.opts.Pods, inc)
 	}

@@ -243,7 +243,83 @@ func FormatIncident(inc *correlate.Incident) string {
 	if r := inc.Retry; r != nil && inc.StallMs != nil {
 		detail("retry", "%s id %d from %s, %.0f ms after the lost query", r.QType, r.ID, r.Src, *inc.StallMs)
 	}
+	if s := inc.StaleNAT; s != nil {
+		formatStaleNAT(detail, s)
+	}
+	if u := inc.Upstream; u != nil {
+		formatUpstream(detail, u)
+	}
+	if len(inc.Downstream) > 0 {
+		var who []string
+		for _, a := range inc.Downstream {
+			who = append(who, fmt.Sprintf("incident %d (netns %d, %s %s id %d)", a.Incident, a.NetNS, a.Src, a.QType, a.ID))
+		}
+		more := ""
+		if inc.DownstreamMore > 0 {
+			more = fmt.Sprintf(" and %d more", inc.DownstreamMore)
+		}
+		detail("askers", "%d queries waited on it: %s%s", len(inc.Downstream)+inc.DownstreamMore, strings.Join(who, ", "), more)
+	}
 	return b.String()
+}
+
+// formatStaleNAT says which entry outlived its NAT target, and what to do.
+func formatStaleNAT(detail func(label, format string, args ...any), s *correlate.StaleNAT) {
+	where := "in the namespace that NATs"
+	if s.NetNS != 0 {
+		where = fmt.Sprintf("in netns %d", s.NetNS)
+	}
+	last := "no answer on it seen"
+	if s.LastAnswerMs != nil {
+		last = fmt.Sprintf("its socket's last answer %s before", shortDuration(*s.LastAnswerMs))
+	}
+	detail("stale", "conntrack entry %s -> %s %s still sends to %s, which no longer answers; %s",
+		s.Entry.Src, s.Entry.Dst, where, s.Gone, last)
+	if len(s.Backends) > 0 {
+		var now []string
+		for _, b := range s.Backends {
+			now = append(now, b.String())
+		}
+		detail("nat now", "%s goes to %s (%s)", s.Entry.Dst, strings.Join(now, ", "), s.BackendsFrom)
+	}
+	if s.Fix != "" {
+		detail("fix", "%s   (kube-proxy deletes the UDP entries of removed endpoints; this one it missed)", s.Fix)
+	}
+}
+
+// shortDuration writes ms as ms under a second, else as seconds.
+func shortDuration(ms float64) string {
+	if ms < 1000 {
+		return fmt.Sprintf("%.0f ms", ms)
+	}
+	return fmt.Sprintf("%.1f s", ms/1e3)
+}
+
+// formatUpstream says what became of the forwarder's query behind a stall.
+func formatUpstream(detail func(label, format string, args ...any), u *correlate.Upstream) {
+	who := fmt.Sprintf("netns %d", u.NetNS)
+	if u.Comm != "" {
+		who = fmt.Sprintf("%s[%d] in %s", u.Comm, u.PID, who)
+	}
+	if u.TCP {
+		detail("upstream", "%s took the question upstream over TCP (not followed): its answer came late", who)
+		return
+	}
+	when := fmt.Sprintf("sent %.0f ms after this query", u.SentMs)
+	if u.SentMs < 0 {
+		when = fmt.Sprintf("in flight %.0f ms already: this question joined it", -u.SentMs)
+	}
+	cause := u.Cause
+	if u.Race != "" {
+		cause += "/" + u.Race
+	}
+	lost := ""
+	if u.Reason != "" || u.Location != "" {
+		p := correlate.Packet{Reason: u.Reason, Location: u.Location, NetNS: u.LostIn}
+		lost = ", dropped " + p.DropSite()
+	}
+	detail("upstream", "%s asked %s %s id %d from %s (%s), lost: %s%s; incident %d",
+		who, u.Dst, u.QType, u.ID, u.Src, when, cause, lost, u.Incident)
 }
 
 // dropWhere: ": NETFILTER_DROP at nf_hook_slow+0x7d in netns N", or
