@@ -230,6 +230,9 @@ func (c *Correlator) classify(d *pendingDrop) {
 	}
 	if rule.cause == CauseStaleNAT {
 		q.extraForWrite().stale = stale
+		if c.cfg.OnStaleNAT != nil {
+			c.cfg.OnStaleNAT(*stale)
+		}
 	}
 	if p.SendFailed {
 		if r := c.resentAtOnce(q); r != nil {

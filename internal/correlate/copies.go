@@ -39,7 +39,9 @@ func (c *Correlator) noteByID(q *query) {
 // copyOf returns the query e, a query first seen at its drop, is a copy
 // of, or nil.
 func (c *Correlator) copyOf(e *event.Event, name uint64) *query {
-	if e.Flags&event.FlagAtDrop == 0 {
+	// A query dropped inside its own send (a forwarder that kept its
+	// client's DNS id, as dnsmasq does) is no copy: a copy is received.
+	if e.Flags&event.FlagAtDrop == 0 || e.Flags&event.FlagSender != 0 {
 		return nil
 	}
 	k := byIDKey(e.DNS.ID, e.DNS.QType, name)

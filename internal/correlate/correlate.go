@@ -44,6 +44,11 @@ type Config struct {
 	// next try answers them too, moments later) to name it (negative:
 	// none).
 	ForwarderGrace time.Duration
+	// OnStaleNAT is called with each stale_nat loss's entry as it is
+	// decided, so the caller can read what the node does now (the entry's
+	// namespace, the rules) while the entry and its namespace still exist:
+	// the incident is written seconds later. It must not block.
+	OnStaleNAT func(StaleNAT)
 	// UpstreamTCP reports whether the forwarder in netns has TCP
 	// connections to DNS servers (it forwards over TCP); nil: unknown.
 	UpstreamTCP func(netns uint32) bool

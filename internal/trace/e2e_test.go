@@ -57,9 +57,12 @@ func attachTier(t *testing.T, want event.Tier) event.Tier {
 type traced struct {
 	rep       *lab.Report
 	sum       *Summary
-	incidents []*correlate.Incident
-	pods      map[uint32]int // pod netns inode -> pod index
-	text      string
+	incidents []*correlate.Incident // the lab's pods'
+	// others are the incidents of the lab's other namespaces (its cache,
+	// its node), by namespace name.
+	others map[string][]*correlate.Incident
+	pods   map[uint32]int // pod netns inode -> pod index
+	text   string
 	// nat is the reconciliation summed over every namespace whose
 	// conntrack the scenario drives (the lab's Report.NATNetNS: the node,
 	// or each pod when the NAT is in the sender's own namespace).
@@ -96,7 +99,8 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 	var (
 		mu  sync.Mutex
 		out bytes.Buffer
-		tr  = &traced{pods: map[uint32]int{}}
+		tr  = &traced{pods: map[uint32]int{}, others: map[string][]*correlate.Incident{}}
+		ns  = map[uint32]string{} // the lab's other namespaces
 		s   *Session
 	)
 	want := tier(t)
@@ -123,6 +127,11 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 				}
 				tr.pods[ino] = i
 			}
+			for _, name := range []string{l.Topology.NodeNS(), l.Topology.CacheNS(), l.Topology.DNSNS()} {
+				if ino, err := nsutil.Inode(name); err == nil {
+					ns[ino] = name
+				}
+			}
 			var err error
 			s, err = Start(Options{
 				Probe: probe.Options{Attach: attach},
@@ -134,6 +143,8 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 					// traffic too: keep the lab's pods' only.
 					if _, ours := tr.pods[inc.NetNS]; ours {
 						tr.incidents = append(tr.incidents, inc)
+					} else if name, ok := ns[inc.NetNS]; ok {
+						tr.others[name] = append(tr.others[name], inc)
 					}
 				},
 			})

@@ -180,7 +180,7 @@ func Start(opts Options) (*Session, error) {
 		scans: make(chan map[uint32]string, 1)}
 	s.syms, _ = ksym.Load("")
 	s.ns = newNamespaces(opts.ProcRoot)
-	s.nat = &natReader{ns: s.ns, read: map[uint32]natRead{}, ctNSs: func() []uint32 { return s.snap.Load().ctNS }}
+	s.nat = &natReader{ns: s.ns, byKey: map[correlate.Flow]*natRead{}, ctNSs: func() []uint32 { return s.snap.Load().ctNS }}
 	s.watchNAT()
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
@@ -192,6 +192,7 @@ func Start(opts Options) (*Session, error) {
 	cfg.Counters = s.ns
 	cfg.Wall = s.wall
 	cfg.OnIncident = s.incident
+	cfg.OnStaleNAT = s.nat.request
 	owners := &addrOwners{ns: s.ns}
 	if cfg.AddrOwner == nil {
 		cfg.AddrOwner = owners.owner

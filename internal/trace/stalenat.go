@@ -2,6 +2,8 @@ package trace
 
 import (
 	"context"
+	"net/netip"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -13,66 +15,94 @@ import (
 
 // A stale_nat incident says what to do about it: where the entry is, what
 // the node's NAT rules send its destination to now, and the command that
-// deletes it. They are read as the incident is written (the writer
-// goroutine: netlink, and iptables-save where it is installed), never on
-// the reader.
+// deletes it. They are read in the background as soon as the correlator
+// decides the loss (the entry and its namespace exist then; the incident
+// is written seconds later, when either may be gone), over netlink and
+// with iptables-save where it is installed: never on the reader.
 
-// rulesFresh is how long a namespace's NAT rules read are reused.
-const rulesFresh = 10 * time.Second
+// natWait bounds how long the writer waits for an entry's reading.
+const natWait = 3 * time.Second
 
-// natReader reads and caches the NAT rules of namespaces. The writer's
-// alone.
+// natReader reads, in the background, what stale_nat incidents need.
 type natReader struct {
 	ns    *namespaces
-	read  map[uint32]natRead
 	ctNSs func() []uint32 // namespaces where DNS is connection-tracked
+
+	mu    sync.Mutex
+	byKey map[correlate.Flow]*natRead // by the entry's tuples
 }
 
+// natRead is one entry's reading; done closes when it is complete.
 type natRead struct {
-	at    time.Time
-	table *natrules.Table
+	done         chan struct{}
+	at           time.Time
+	netns        uint32
+	from, fix    string
+	backendAddrs []netip.AddrPort
 }
 
-func (r *natReader) rules(netns uint32, path string) *natrules.Table {
-	if c, ok := r.read[netns]; ok && time.Since(c.at) < rulesFresh {
-		return c.table
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	t, err := natrules.Read(ctx, path)
-	if err != nil {
-		t = nil
-	}
-	r.read[netns] = natRead{at: time.Now(), table: t}
-	return t
-}
-
-// complete fills in what a stale_nat incident's entry needs from the
-// node: its namespace where the drop did not say it (a copy dropped
-// elsewhere: the namespaces where DNS is connection-tracked are asked for
-// it), the destination's backends now, and the fix.
-func (r *natReader) complete(s *correlate.StaleNAT) {
-	orig := ctentry.Tuple{Src: s.Entry.Src, Dst: s.Entry.Dst, Proto: unix.IPPROTO_UDP}
-	if s.NetNS == 0 {
-		for _, ns := range r.ctNSs() {
-			p := r.ns.path(ns)
-			if p == "" {
-				continue
-			}
-			if _, err := ctentry.Get(p, orig); err == nil {
-				s.NetNS = ns
-				break
-			}
-		}
-	}
-	path := r.ns.path(s.NetNS)
-	if s.NetNS == 0 || path == "" {
+// request starts reading s's entry, once per entry (and again once its
+// reading is older than a minute).
+func (r *natReader) request(s correlate.StaleNAT) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rd, ok := r.byKey[s.Entry]; ok && time.Since(rd.at) < time.Minute {
 		return
 	}
-	if t := r.rules(s.NetNS, path); t != nil {
-		if b, from, ok := t.Backends(s.Entry.Dst, unix.IPPROTO_UDP); ok {
-			s.Backends, s.BackendsFrom = b, from
+	if len(r.byKey) > 1024 {
+		clear(r.byKey) // a node full of stale entries: start over
+	}
+	rd := &natRead{done: make(chan struct{}), at: time.Now()}
+	r.byKey[s.Entry] = rd
+	go func() {
+		defer close(rd.done)
+		r.read(s, rd)
+	}()
+}
+
+func (r *natReader) read(s correlate.StaleNAT, rd *natRead) {
+	orig := ctentry.Tuple{Src: s.Entry.Src, Dst: s.Entry.Dst, Proto: unix.IPPROTO_UDP}
+	rd.netns = s.NetNS
+	if rd.netns == 0 {
+		// A copy dropped elsewhere: the entry is where DNS is tracked.
+		for _, ns := range r.ctNSs() {
+			if p := r.ns.path(ns); p != "" {
+				if _, err := ctentry.Get(p, orig); err == nil {
+					rd.netns = ns
+					break
+				}
+			}
 		}
 	}
-	s.Fix = ctentry.DeleteCommand(path, orig)
+	path := r.ns.path(rd.netns)
+	if rd.netns == 0 || path == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), natWait)
+	defer cancel()
+	if t, err := natrules.Read(ctx, path); err == nil {
+		if b, from, ok := t.Backends(s.Entry.Dst, unix.IPPROTO_UDP); ok {
+			rd.backendAddrs, rd.from = b, from
+		}
+	}
+	rd.fix = ctentry.DeleteCommand(path, orig)
+}
+
+// complete fills in s from its entry's reading, waiting for it a while.
+func (r *natReader) complete(s *correlate.StaleNAT) {
+	r.mu.Lock()
+	rd, ok := r.byKey[s.Entry]
+	r.mu.Unlock()
+	if !ok {
+		return
+	}
+	select {
+	case <-rd.done:
+	case <-time.After(natWait):
+		return
+	}
+	if s.NetNS == 0 {
+		s.NetNS = rd.netns
+	}
+	s.Backends, s.BackendsFrom, s.Fix = rd.backendAddrs, rd.from, rd.fix
 }

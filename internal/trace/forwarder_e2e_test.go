@@ -1,0 +1,147 @@
+package trace
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/dnsrace/dnsrace/internal/correlate"
+	"github.com/dnsrace/dnsrace/internal/lab"
+)
+
+// The scenarios with a local cache (lab/cache.go): pods ask a dnsmasq
+// that forwards to the VIP. A pod's stall is then the forwarder's lost
+// query's, named in its incident; the forwarder's incident lists the
+// pods' back, and each loss is explained once.
+
+// TestTraceCacheRace: the cache pod's upstream queries lose insertion
+// races on the node (a silent drop on the forward path); the pods that
+// asked those questions wait, though nothing lost their own queries.
+// Every stalled lookup the lab measured is one upstream_lost incident of
+// its pod, pointing at a forwarder incident (insert_race, in the cache's
+// namespace) that lists it back.
+func TestTraceCacheRace(t *testing.T) {
+	tr := traceLossy(t, "cache-race")
+	tr.requireExpectation(t)
+	fwd := tr.checkForwarded(t, tr.rep.Topology.CacheNS())
+	for _, inc := range fwd {
+		if inc.Cause != correlate.CauseInsertRace {
+			t.Errorf("forwarder incident %d: cause %s, want insert_race (the node's SNAT races)", inc.ID, inc.Cause)
+		}
+	}
+}
+
+// TestTraceStaleBackend: the VIP's one backend pod is replaced and
+// conntrack is not flushed; the cache keeps its one query port, so its
+// entry keeps sending to the gone pod. The forwarder's incident is
+// stale_nat with the entry, the gone backend, the backend the rules point
+// at now and the fix; the pods' stalls point at it.
+func TestTraceStaleBackend(t *testing.T) {
+	tr := traceScenario(t, "stale-backend")
+	tr.requireExpectation(t)
+	fwd := tr.checkForwarded(t, tr.rep.Topology.CacheNS())
+	gone := netip.AddrPortFrom(lab.BackendPodAddr(0), 53)
+	now := netip.AddrPortFrom(lab.BackendPodAddr(1), 53)
+	stale := 0
+	for _, inc := range fwd {
+		if inc.Cause != correlate.CauseStaleNAT {
+			t.Errorf("forwarder incident %d: cause %s, want stale_nat", inc.ID, inc.Cause)
+			continue
+		}
+		stale++
+		s := inc.StaleNAT
+		if s == nil {
+			t.Errorf("stale_nat incident %d names no entry", inc.ID)
+			continue
+		}
+		if s.Gone != gone || s.Entry.Dst != netip.AddrPortFrom(lab.VIP, 53) || s.Entry.Src.Port() != tr.rep.Topology.CacheQueryPort {
+			t.Errorf("incident %d: entry %+v gone %s; want the cache's port %d to the VIP, sent to %s",
+				inc.ID, s.Entry, s.Gone, tr.rep.Topology.CacheQueryPort, gone)
+		}
+		if s.NetNS != tr.rep.NodeNetNS {
+			t.Errorf("incident %d: entry in netns %d, want the node's %d", inc.ID, s.NetNS, tr.rep.NodeNetNS)
+		}
+		if !slices.Equal(s.Backends, []netip.AddrPort{now}) {
+			t.Errorf("incident %d: backends now %v (from %q), want [%s]", inc.ID, s.Backends, s.BackendsFrom, now)
+		}
+		if !strings.Contains(s.Fix, "conntrack -D -p udp --orig-src "+lab.CacheAddr.String()) {
+			t.Errorf("incident %d: fix %q does not delete the cache's entry", inc.ID, s.Fix)
+		}
+	}
+	if stale == 0 {
+		t.Errorf("no stale_nat incident\n%s", tr.text)
+	}
+}
+
+// TestTraceNodeCache: the cache is the node's own process; its upstream
+// queries clash at LOCAL_OUT, the send fails with EPERM and dnsmasq
+// carries on at once. No lookup waited (the lab measured none): every
+// loss is refused at send, none a stall, and each is attributed.
+func TestTraceNodeCache(t *testing.T) {
+	tr := traceScenario(t, "node-cache")
+	tr.requireExpectation(t)
+	if tr.rep.Stalls != 0 {
+		t.Fatalf("the lab measured %d stalled lookups, want none", tr.rep.Stalls)
+	}
+	if len(tr.incidents) != 0 {
+		t.Errorf("%d incidents in the pods, whose own queries nothing lost\n%s", len(tr.incidents), tr.text)
+	}
+	for _, inc := range tr.others[tr.rep.Topology.NodeNS()] {
+		if !inc.RefusedAtSend {
+			t.Errorf("incident %d (%s, netns %d, %s): a stall, where no lookup waited\n%s", inc.ID, inc.Cause, inc.NetNS, inc.Comm, FormatIncident(inc))
+		}
+	}
+	refused := tr.sum.RefusedAtSend[correlate.CauseInsertRace]
+	if k := tr.nat.Kernel.InsertFailed; refused == 0 || uint64(refused) != k {
+		t.Errorf("%d queries refused at send as insert_race, the kernel counted %d insert_failed", refused, k)
+	}
+}
+
+// checkForwarded checks the stalls behind the cache in namespace fwdNS:
+// one pod incident per stalled lookup, each upstream_lost and pointing at
+// an incident of the forwarder, which lists it back. It returns the
+// forwarder's incidents the pods point at.
+func (tr *traced) checkForwarded(t *testing.T, fwdNS string) []*correlate.Incident {
+	t.Helper()
+	if tr.rep.Stalls == 0 {
+		t.Fatalf("the lab measured no stalled lookup")
+	}
+	if got := len(tr.incidents); got != tr.rep.Stalls {
+		t.Errorf("%d pod incidents, want one per stalled lookup: %d\n%s", got, tr.rep.Stalls, tr.text)
+	}
+	byID := map[uint64]*correlate.Incident{}
+	for _, inc := range tr.others[fwdNS] {
+		byID[inc.ID] = inc
+	}
+	var fwd []*correlate.Incident
+	for _, inc := range tr.incidents {
+		up := inc.Upstream
+		if inc.Cause != correlate.CauseUpstreamLost || up == nil {
+			t.Errorf("pod incident %d: cause %s, upstream %+v; want upstream_lost naming the forwarder's query", inc.ID, inc.Cause, up)
+			continue
+		}
+		f, ok := byID[up.Incident]
+		if !ok {
+			t.Errorf("pod incident %d points at incident %d, not one of the forwarder's in %s", inc.ID, up.Incident, fwdNS)
+			continue
+		}
+		if f.Cause != up.Cause {
+			t.Errorf("pod incident %d: upstream cause %s, the forwarder's incident %d says %s", inc.ID, up.Cause, f.ID, f.Cause)
+		}
+		if !slices.ContainsFunc(f.Downstream, func(a correlate.Asker) bool { return a.Incident == inc.ID }) {
+			t.Errorf("forwarder incident %d does not list pod incident %d among its askers %+v", f.ID, inc.ID, f.Downstream)
+		}
+		if !slices.Contains(fwd, f) {
+			fwd = append(fwd, f)
+		}
+		// No loss explained twice: the pod's packets name the
+		// forwarder's loss, not a race or drop of their own.
+		for _, p := range inc.Lost {
+			if p.Cause != correlate.CauseUpstreamLost {
+				t.Errorf("pod incident %d: lost packet %s id %d of cause %s", inc.ID, p.QType, p.ID, p.Cause)
+			}
+		}
+	}
+	return fwd
+}
