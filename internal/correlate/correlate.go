@@ -44,6 +44,11 @@ type Config struct {
 	// next try answers them too, moments later) to name it (negative:
 	// none).
 	ForwarderGrace time.Duration
+	// OnClosed is called with the asker of each incident that waits
+	// ForwarderGrace before OnIncident, as it closes: its pod may be gone
+	// by the time it is emitted (a pod's last lookup), so a caller that
+	// names pods looks it up now. It must not block.
+	OnClosed func(netns, pid uint32, cgroup uint64)
 	// OnStaleNAT is called with each stale_nat loss's entry as it is
 	// decided, so the caller can read what the node does now (the entry's
 	// namespace, the rules) while the entry and its namespace still exist:
@@ -194,7 +199,7 @@ type Correlator struct {
 	copies map[uint64]copied
 	// lastAnswers: each socket's last answer (stale.go)
 	lastAnswers *[lastAnswerSlots]lastAnswer
-	history     *[historySlots]pastStall
+	history     *[historySlots]historySet
 	waitingOut  []lingering
 	// strs interns question names by hash.
 	strs *[internSlots]interned
@@ -220,7 +225,7 @@ func New(cfg Config) *Correlator {
 	cfg.defaults()
 	return &Correlator{cfg: cfg, seed: maphash.MakeSeed(), ix: newIndex(),
 		stalls: map[*stall]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned),
-		latest: new([resendSlots]resendSlot), latestByNS: new([latestSlots]latestRef), history: new([historySlots]pastStall),
+		latest: new([resendSlots]resendSlot), latestByNS: new([latestSlots]latestRef), history: new([historySlots]historySet),
 		byID: new([byIDSlots]byIDRef), copies: map[uint64]copied{}, lastAnswers: new([lastAnswerSlots]lastAnswer)}
 }
 

@@ -86,9 +86,19 @@ func (c *Correlator) latestIn(q *query, netns uint32) (nameKey, bool) {
 	return r.nk, r.key == k
 }
 
-// historySlots is the size of the table of each client's last stall per
-// name: the forwarder's stall is looked up there once it has ended.
-const historySlots = 1 << 10
+// historySlots and historyWays size the table of each client's last
+// stalls per name (its losses refused at send among them): a forwarder's
+// stall is looked up there once it has ended. A slot keeps the last
+// historyWays of the clients hashed to it.
+const (
+	historySlots = 1 << 8
+	historyWays  = 8
+)
+
+type historySet struct {
+	past [historyWays]pastStall
+	next uint8
+}
 
 // pastStall is an ended stall, as a client's query may need it: when it
 // ran, its incident, and its first lost query.
@@ -111,8 +121,27 @@ type lingering struct {
 // the stall in its client's history.
 func (c *Correlator) linger(o *stall, endNs uint64) {
 	first := o.queries[0]
-	c.history[historySlot(o.key)] = pastStall{key: o.key, firstNs: o.firstNs, endNs: endNs, inc: o.inc, up: upstreamOf(first, o.inc)}
+	c.remember(pastStall{key: o.key, firstNs: o.firstNs, endNs: endNs, inc: o.inc, up: upstreamOf(first, o.inc)})
 	c.lingerIncident(o.inc, o.firstNs, endNs)
+}
+
+// remember records an ended stall in its client's history.
+func (c *Correlator) remember(p pastStall) {
+	h := &c.history[historySlot(p.key)]
+	h.past[h.next%historyWays] = p
+	h.next++
+}
+
+// pastStallOf returns the latest ended stall of client nk that covers.
+func (c *Correlator) pastStallOf(nk nameKey, covers func(firstNs, endNs uint64) bool) *pastStall {
+	var best *pastStall
+	h := &c.history[historySlot(nk)]
+	for i := range h.past {
+		if p := &h.past[i]; p.key == nk && p.inc != nil && covers(p.firstNs, p.endNs) && (best == nil || p.firstNs > best.firstNs) {
+			best = p
+		}
+	}
+	return best
 }
 
 // lingerIncident holds inc, whose stall ran from firstNs to endNs, for
@@ -123,6 +152,9 @@ func (c *Correlator) lingerIncident(inc *Incident, firstNs, endNs uint64) {
 			c.cfg.OnIncident(inc)
 		}
 		return
+	}
+	if c.cfg.OnClosed != nil {
+		c.cfg.OnClosed(inc.NetNS, inc.PID, inc.Cgroup)
 	}
 	c.waitingOut = append(c.waitingOut, lingering{inc: inc, firstNs: firstNs, due: endNs + uint64(c.cfg.ForwarderGrace)})
 }
@@ -195,7 +227,7 @@ func (c *Correlator) forwarderOf(q *query) (Upstream, *Incident, bool) {
 		up.SentMs = float64(int64(o.firstNs)-int64(q.sentNs)) / 1e6
 		return up, o.inc, true
 	}
-	if h := &c.history[historySlot(nk)]; h.key == nk && h.inc != nil && covers(h.firstNs, h.endNs) {
+	if h := c.pastStallOf(nk, covers); h != nil {
 		up := h.up
 		up.SentMs = float64(int64(h.firstNs)-int64(q.sentNs)) / 1e6
 		var inc *Incident

@@ -67,5 +67,11 @@ func (c *Correlator) refusedAtSend(q, resend *query, p Packet) {
 	if w := q.extraForRead().winner; w != nil {
 		inc.Winner = w
 	}
-	c.emit(inc, q, c.siblingQuery(q))
+	if sib := c.siblingQuery(q); sib != nil {
+		inc.Sibling = describeSibling(q, sib)
+	}
+	// A forwarder that gave up after the error may have left its client
+	// waiting: the client's stall names this loss, and this lists it.
+	c.remember(pastStall{key: q.nk, firstNs: q.sentNs, endNs: q.sentNs, inc: inc, up: upstreamOf(q, inc)})
+	c.lingerIncident(inc, q.sentNs, q.sentNs)
 }

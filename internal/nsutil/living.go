@@ -28,6 +28,14 @@ func Living(procRoot string) map[uint32]string {
 	}
 	mounts := map[uint64]bool{} // mount namespaces read
 	var st unix.Stat_t
+	// A name in this process's own mount namespace opens as it is
+	// (/run/netns/NAME), and is kept over any other path: a name outlives
+	// the processes in it.
+	var own uint64
+	if unix.Stat("/proc/self/ns/mnt", &st) == nil {
+		own = st.Ino
+	}
+	names := map[uint32]bool{}
 	for _, e := range ents {
 		if _, err := strconv.ParseUint(e.Name(), 10, 32); err != nil {
 			continue
@@ -43,14 +51,20 @@ func Living(procRoot string) map[uint32]string {
 			continue
 		}
 		mounts[st.Ino] = true
-		namedIn(dir, out)
+		root := filepath.Join(dir, "root")
+		if st.Ino == own {
+			root = "/"
+		}
+		namedIn(dir, root, out, names)
 	}
 	return out
 }
 
 // namedIn adds the network namespaces mounted in the mount namespace of the
-// process at dir (PROC/PID).
-func namedIn(dir string, out map[uint32]string) {
+// process at dir (PROC/PID), opened through root (its root, or "/" for our
+// own mount namespace); names replace the processes' paths in out, and the
+// first name of each is kept (in names).
+func namedIn(dir, root string, out map[uint32]string, names map[uint32]bool) {
 	f, err := os.Open(filepath.Join(dir, "mountinfo"))
 	if err != nil {
 		return
@@ -63,8 +77,8 @@ func namedIn(dir string, out map[uint32]string) {
 		if !ok {
 			continue
 		}
-		if _, known := out[ino]; !known {
-			out[ino] = filepath.Join(dir, "root", at)
+		if !names[ino] {
+			out[ino], names[ino] = filepath.Join(root, at), true
 		}
 	}
 }

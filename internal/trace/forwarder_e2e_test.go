@@ -76,16 +76,15 @@ func TestTraceStaleBackend(t *testing.T) {
 
 // TestTraceNodeCache: the cache is the node's own process; its upstream
 // queries clash at LOCAL_OUT, the send fails with EPERM and dnsmasq
-// carries on at once. No lookup waited (the lab measured none): every
-// loss is refused at send, none a stall, and each is attributed.
+// carries on at once (a SERVFAIL to its client, or a resend). Its losses
+// are refused at send, none a stall of its own, each attributed; a pod
+// that waited all the same (dnsmasq answered it only at its retry) has an
+// incident of its own, one per stalled lookup.
 func TestTraceNodeCache(t *testing.T) {
 	tr := traceScenario(t, "node-cache")
 	tr.requireExpectation(t)
-	if tr.rep.Stalls != 0 {
-		t.Fatalf("the lab measured %d stalled lookups, want none", tr.rep.Stalls)
-	}
-	if len(tr.incidents) != 0 {
-		t.Errorf("%d incidents in the pods, whose own queries nothing lost\n%s", len(tr.incidents), tr.text)
+	if len(tr.incidents) != tr.rep.Stalls {
+		t.Errorf("%d incidents in the pods, want one per stalled lookup: %d\n%s", len(tr.incidents), tr.rep.Stalls, tr.text)
 	}
 	for _, inc := range tr.others[tr.rep.Topology.NodeNS()] {
 		if !inc.RefusedAtSend {

@@ -157,14 +157,22 @@ func (n *namespaces) get(ns uint32) *nsCounters {
 	return n.byIno[ns]
 }
 
-// Delta returns the counters of ns since its baseline, read now; false
-// where no reader is open (DNS never tracked there, or let go).
+// Delta returns the counters of ns since its baseline, read now, opening
+// its reader if it has none yet (a drop there needs them before any DNS
+// entry shows: a full table refuses every entry); false where there is no
+// baseline (a namespace born since start that never showed DNS) or no path
+// to it any more.
 func (n *namespaces) Delta(ns uint32) (ctstats.Counters, bool) {
 	c := n.get(ns)
 	if c == nil {
 		return ctstats.Counters{}, false
 	}
 	c.mu.Lock()
+	if c.r == nil && c.based {
+		c.mu.Unlock()
+		n.Seen(ns)
+		c.mu.Lock()
+	}
 	defer c.mu.Unlock()
 	return c.delta()
 }

@@ -107,6 +107,7 @@ type Session struct {
 	releasedEarlier ReleasedSum
 	releasedCount   uint64
 	scans           chan map[uint32]string // the scanner's living namespaces
+	warm            chan podKey            // askers to name early (namePods)
 
 	// Writer-owned (Stop's once the writer is done).
 	nat   *natReader // stale_nat incidents' rules and fix
@@ -193,6 +194,11 @@ func Start(opts Options) (*Session, error) {
 	cfg.Wall = s.wall
 	cfg.OnIncident = s.incident
 	cfg.OnStaleNAT = s.nat.request
+	if opts.Pods != nil {
+		s.warm = make(chan podKey, 1024)
+		cfg.OnClosed = s.warmPod
+		go s.namePods()
+	}
 	owners := &addrOwners{ns: s.ns}
 	if cfg.AddrOwner == nil {
 		cfg.AddrOwner = owners.owner
@@ -339,6 +345,31 @@ func (s *Session) writeIncident(inc *correlate.Incident) {
 	}
 	if s.opts.OnIncident != nil {
 		s.opts.OnIncident(inc)
+	}
+}
+
+// podKey is an incident's asker, as the pod resolver looks it up.
+type podKey struct {
+	netns, pid uint32
+	cgroup     uint64
+}
+
+// warmPod has an asker's pod looked up now, on the reader, as its incident
+// closes: it is written ForwarderGrace later, when its pod may be gone (a
+// pod's last lookup). A flood of stalls overflows it: their pods are named
+// as they are written.
+func (s *Session) warmPod(netns, pid uint32, cgroup uint64) {
+	select {
+	case s.warm <- podKey{netns, pid, cgroup}:
+	default:
+	}
+}
+
+// namePods looks the askers up, and the resolver keeps what it finds for
+// the writer.
+func (s *Session) namePods() {
+	for k := range s.warm {
+		s.opts.Pods.Lookup(k.netns, k.pid, k.cgroup)
 	}
 }
 
@@ -563,6 +594,9 @@ func (s *Session) Stop() *Summary {
 		// it has written the rest.
 		now := monoNow()
 		s.corr.Close(now)
+		if s.warm != nil {
+			close(s.warm)
+		}
 		s.handOver(now, false)
 		close(s.outq)
 		<-s.wdone
