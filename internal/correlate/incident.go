@@ -169,6 +169,10 @@ type Incident struct {
 	Src     netip.AddrPort `json:"src"`
 	Dst     netip.AddrPort `json:"dst"`
 	StallMs *float64       `json:"stall_ms"`
+	// StallAtLeast: no retry ended the stall, and StallMs is how long
+	// the lookup waited at least: until its last attempt, which lost too
+	// (it gave up after, or the trace ended).
+	StallAtLeast bool `json:"stall_at_least,omitempty"`
 	// Retried is true when the resolver's retry was seen (it closed the
 	// stall); false when the incident expired without one.
 	Retried bool `json:"retried"`

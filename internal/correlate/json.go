@@ -43,6 +43,9 @@ func (inc *Incident) AppendJSON(b []byte) []byte {
 	} else {
 		b = appendFloat(b, *inc.StallMs)
 	}
+	if inc.StallAtLeast {
+		b = append(b, `,"stall_at_least":true`...)
+	}
 	b = append(b, `,"retried":`...)
 	b = strconv.AppendBool(b, inc.Retried)
 	b = appendObject(b, `,"retry":`, inc.Retry, (*Retry).appendJSON)

@@ -465,9 +465,16 @@ func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
 		if r := o.retry; r != nil {
 			inc.Retry = &Retry{QType: QType(r.qtype), ID: r.id, Src: r.src, Dst: r.dst}
 		}
-		if retried {
+		switch {
+		case retried:
 			ms := float64(endNs-o.firstNs) / 1e6
 			inc.StallMs = &ms
+		case o.attemptNs > o.firstNs:
+			// No retry ended it, but the lookup tried again and lost
+			// again: it waited at least until its last attempt (then
+			// gave up, or the trace ended).
+			ms := float64(o.attemptNs-o.firstNs) / 1e6
+			inc.StallMs, inc.StallAtLeast = &ms, true
 		}
 	}
 	first := o.queries[0]

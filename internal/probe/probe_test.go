@@ -111,7 +111,7 @@ func TestQueryAnswered(t *testing.T) {
 			local := conn.LocalAddr().(*net.UDPAddr)
 			if q.QID == 0 || q.NetNS != n.clientIno || q.DNS.QType != dns.TypeA || q.DNS.Response ||
 				q.Packet.Dst.Addr().String() != server || q.Packet.Dst.Port() != 53 || q.Packet.Src.Port() != uint16(local.Port) ||
-				q.Tier != wantTier(tr, tier) || q.Flags != 0 {
+				q.Tier != wantTier(tr, tier) || q.Flags != event.FlagSender { // sent by this process: seen in its context
 				t.Errorf("query: %s", describe(&q))
 			}
 			a, ok := c.wait(5*time.Second, func(e *event.Event) bool { return e.Kind == event.KindAnswer && e.QID == q.QID })

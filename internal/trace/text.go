@@ -182,6 +182,8 @@ func FormatIncident(inc *correlate.Incident) string {
 	switch {
 	case inc.Cause == correlate.CauseClashResolved, inc.RefusedAtSend:
 		stall = "no stall"
+	case inc.StallAtLeast:
+		stall = fmt.Sprintf("stalled ≥%.1f s", *inc.StallMs/1e3)
 	case inc.StallMs != nil:
 		stall = fmt.Sprintf("stalled %.1f s", *inc.StallMs/1e3)
 	}
