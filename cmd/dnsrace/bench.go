@@ -55,7 +55,11 @@ answered query, packet or loop (the accounting adds two clock reads to
 every BPF program run on the machine while it is on). --floor adds a
 third round to each cost case, the tracer with every program emptied
 ("return 0") at the same hooks: what the hooks alone cost this kernel,
-which no program at those hooks can do better than.
+which no program at those hooks can do better than. --soak instead runs
+the tracer through pod churn (pods born and deleted continuously, each
+asking DNS through NAT in its own namespace) and samples the tracer's
+open files, RSS and held namespaces and the kernel's network namespaces:
+flat, or growing with every pod (a leak); exit 1 when any grew.
 
 Examples:
   sudo dnsrace bench
@@ -65,6 +69,7 @@ Examples:
   sudo dnsrace bench --skip-capacity --case syscall-open,udp-forward --floor
   sudo dnsrace bench --smoke
   dnsrace bench --memory --queries 1000000
+  sudo dnsrace bench --soak 5m
 
 Flags:
 `
@@ -94,6 +99,8 @@ func runBench(ctx context.Context, args []string) error {
 		iterations = fs.Uint64("iterations", 1_000_000, "--run-cost: firings of the tracepoint per variant and round")
 		countDur   = fs.Duration("count-duration", 2*time.Second, "length of each case in the count pass (BPF program runs per unit, with the kernel's run-time statistics on for that pass only)")
 		countOnly  = fs.Bool("count-only", false, "run the count pass alone: BPF program runs per unit of every case, no timing (counts hold under emulation)")
+		soak       = fs.Duration("soak", 0, "run the tracer through pod churn this long and sample what a leak would grow (no cost cases)")
+		soakEvery  = fs.Duration("soak-every", 500*time.Millisecond, "--soak: a pod is deleted and one born this often")
 	)
 	_ = fs.MarkHidden("tracer-arg")
 	if err := fs.Parse(args); err != nil {
@@ -118,6 +125,9 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	if *runCost {
 		return benchRunCost(*rounds, *iterations, *jsonOut)
+	}
+	if *soak != 0 {
+		return benchSoak(ctx, *soak, *soakEvery, *attach, *jsonOut)
 	}
 	if *duration <= 0 || *rounds <= 0 || *sockets <= 0 {
 		return usagef("--duration, --rounds and --sockets must be positive")
@@ -175,6 +185,36 @@ func runBench(ctx context.Context, args []string) error {
 			return exitCodeError{1}
 		}
 		fmt.Fprintln(os.Stderr, "dnsrace bench: smoke ok: no record lost in the floods or at 2000 queries/s, every flood's answers followed")
+	}
+	return nil
+}
+
+// benchSoak is bench --soak.
+func benchSoak(ctx context.Context, d, every time.Duration, attach string, jsonOut bool) error {
+	if d < time.Minute || every <= 0 {
+		return usagef("--soak must be a minute or more (two namespace scans a sample), --soak-every positive")
+	}
+	if err := requireRoot("dnsrace bench --soak"); err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding this binary: %w", err)
+	}
+	res, err := overhead.Soak(ctx, overhead.SoakConfig{Exe: exe, Duration: d, Every: every,
+		TraceArgs: []string{"--attach", attach}, Log: func(s string) { fmt.Fprintln(os.Stderr, s) }})
+	if err != nil {
+		return err
+	}
+	if jsonOut {
+		if err := writeJSON(res); err != nil {
+			return err
+		}
+	} else {
+		overhead.WriteSoakText(os.Stdout, res)
+	}
+	if !res.Flat || len(res.Mismatch) > 0 {
+		return exitCodeError{1}
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -303,4 +304,23 @@ func kernelNetNamespaces() (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("counting the kernel's network namespaces: no net_namespace cache in /proc/slabinfo")
+}
+
+// WriteSoakText writes a soak's result for a person.
+func WriteSoakText(w io.Writer, r *SoakResult) {
+	fmt.Fprintf(w, "soak: %.0f s, %d pods born and %d deleted, %d of %d queries answered\n",
+		r.DurationS, r.PodsBorn, r.PodsDeleted, r.Answered, r.Asked)
+	fmt.Fprintf(w, "%8s %9s %10s %12s %10s %10s %15s\n", "at_s", "pods", "fds", "rss_MB", "held", "released", "kernel_netns")
+	for _, s := range r.Samples {
+		fmt.Fprintf(w, "%8.0f %9d %10d %12.1f %10d %10d %15d\n", s.AtS, s.PodsBorn, s.FDs, float64(s.RSS)/1e6, s.Held, s.Released, s.KernelNetNS)
+	}
+	verdict := "flat"
+	if !r.Flat {
+		verdict = "GROWING"
+	}
+	fmt.Fprintf(w, "growth, second half's peak over the first's: fds %+.0f, held namespaces %+.0f, kernel namespaces %+.0f, RSS %+.1f%%: %s\n",
+		r.Growth["tracer_fds"], r.Growth["namespaces_held"], r.Growth["kernel_net_namespaces"], 100*r.Growth["tracer_rss_ratio"], verdict)
+	for _, m := range r.Mismatch {
+		fmt.Fprintf(w, "mismatch: %s\n", m)
+	}
 }
