@@ -343,3 +343,30 @@ func fields(s string) map[string]string {
 	}
 	return m
 }
+
+// DecodeConsole writes a console log as text: each test2json output event
+// as the line the test printed, other events left out, every other line as
+// it is. The text reads like `go test -v` between the markers.
+func DecodeConsole(r io.Reader, w io.Writer) error {
+	br := bufio.NewReader(r)
+	bw := bufio.NewWriter(w)
+	for {
+		line, err := br.ReadString('\n')
+		if loc := eventRE.FindStringIndex(line); loc != nil {
+			var ev testEvent
+			if json.Unmarshal([]byte(line[loc[0]:]), &ev) == nil {
+				if ev.Action == "output" {
+					bw.WriteString(line[:loc[0]] + ev.Output)
+				}
+				line = ""
+			}
+		}
+		bw.WriteString(line)
+		if err == io.EOF {
+			return bw.Flush()
+		}
+		if err != nil {
+			return fmt.Errorf("reading the console: %w", err)
+		}
+	}
+}

@@ -20,7 +20,9 @@ type cpioWriter struct {
 	err  error
 }
 
-func newCpio(w io.Writer) *cpioWriter { return &cpioWriter{w: w, ino: 1, dirs: map[string]bool{".": true, "/": true}} }
+func newCpio(w io.Writer) *cpioWriter {
+	return &cpioWriter{w: w, ino: 1, dirs: map[string]bool{".": true, "/": true}}
+}
 
 func (c *cpioWriter) header(name string, mode uint32, size int) {
 	if c.err != nil {

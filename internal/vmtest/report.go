@@ -68,9 +68,14 @@ func (r *Report) writeMatrix(w io.Writer) {
 			status[[3]string{k, c.Tier, c.Suite}] = c
 		}
 	}
+	// a column fits "fail(no-result)"
+	width := 10
+	for _, c := range status {
+		width = max(width, len(c.shown()))
+	}
 	fmt.Fprintf(w, "\n%-10s %-28s %-12s", "kernel", "uname", "suite")
 	for _, t := range tiers {
-		fmt.Fprintf(w, " %-10s", t)
+		fmt.Fprintf(w, " %-*s", width, t)
 	}
 	fmt.Fprintln(w)
 	for _, k := range kernels {
@@ -82,12 +87,9 @@ func (r *Report) writeMatrix(w io.Writer) {
 			for _, t := range tiers {
 				v := "-"
 				if c := status[[3]string{k, t, s}]; c != nil {
-					v = c.Status
-					if c.Note == "timeout" || c.Note == "no-result" {
-						v += "(" + c.Note + ")"
-					}
+					v = c.shown()
 				}
-				fmt.Fprintf(w, " %-10s", v)
+				fmt.Fprintf(w, " %-*s", width, v)
 			}
 			fmt.Fprintln(w)
 		}
@@ -141,6 +143,15 @@ func (r *Report) writeMatrix(w io.Writer) {
 	fmt.Fprintf(w, "cells: %d pass, %d skip, %d fail; total wall time %.0f s\n", pass, skip, fail, r.TotalSeconds)
 }
 
+// shown is a cell's status in the matrix: fail(timeout) and
+// fail(no-result) for a cell with no exit status.
+func (c *Cell) shown() string {
+	if c.Note == "timeout" || c.Note == "no-result" {
+		return c.Status + "(" + c.Note + ")"
+	}
+	return c.Status
+}
+
 // packages names what the guest booted: the image package, and the
 // packages holding its kernel and modules where it is a dependency package.
 func (g *GuestLog) packages() string {
@@ -176,10 +187,13 @@ func dash(s string) string {
 func (r *Report) writeFailedOutput(w io.Writer) {
 	for _, g := range r.Guests {
 		for _, c := range g.Cells {
-			if c.Status != "fail" || len(c.Output) == 0 {
+			if c.Status != "fail" || strings.TrimSpace(strings.Join(c.Output, "")) == "" {
 				continue
 			}
 			out := c.Output
+			for len(out) > 0 && strings.TrimSpace(out[len(out)-1]) == "" {
+				out = out[:len(out)-1]
+			}
 			if len(out) > failedTail {
 				out = out[len(out)-failedTail:]
 			}

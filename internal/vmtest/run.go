@@ -170,7 +170,7 @@ func Run(ctx context.Context, o Options) error {
 	for i, g := range guests {
 		plan := plans[g.Kernel.Label]
 		plan.Guest, plan.Tiers, plan.Accel = g.Name, g.Tiers, machine.Accel
-		logs[i] = filepath.Join(r.logDir, g.Name+".log")
+		logs[i] = filepath.Join(r.logDir, g.Name+".console")
 		sem <- struct{}{}
 		if ctx.Err() != nil {
 			break
@@ -196,6 +196,9 @@ func Run(ctx context.Context, o Options) error {
 				r.log("%s: %v", g.Name, err)
 				return
 			}
+			if err := decodeFile(logs[i], strings.TrimSuffix(logs[i], ".console")+".log"); err != nil {
+				r.log("%s: %v", g.Name, err)
+			}
 			if hr.TimedOut {
 				r.log("%s: guest killed after %s", g.Name, timeout)
 			}
@@ -207,6 +210,24 @@ func Run(ctx context.Context, o Options) error {
 		return ctx.Err()
 	}
 	return report(logs, time.Since(start).Seconds(), o)
+}
+
+// decodeFile writes the text of a console log (DecodeConsole).
+func decodeFile(console, text string) error {
+	in, err := os.Open(console)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(text)
+	if err != nil {
+		return err
+	}
+	err = DecodeConsole(in, out)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Replay prints the report of earlier console logs.
@@ -533,7 +554,7 @@ func (r *runner) pruneLogs() {
 
 // needTools checks the host programs a run calls.
 func needTools(arches []string) error {
-	tools := map[string]string{"dpkg-deb": "dpkg", "depmod": "kmod", "modprobe": "kmod", "apt-get": "apt", "xz": "xz-utils", "zstd": "zstd", "go": "golang"}
+	tools := map[string]string{"dpkg-deb": "dpkg", "depmod": "kmod", "modprobe": "kmod", "apt-get": "apt", "xz": "xz-utils", "go": "golang"}
 	if slices.Contains(arches, "amd64") {
 		tools[envOr("DNSRACE_VMTEST_QEMU", "qemu-system-x86_64")] = "qemu-system-x86"
 	}
