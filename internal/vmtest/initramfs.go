@@ -93,22 +93,34 @@ func ForeignUserland(ctx context.Context, apt *Apt, dir string) (*Userland, erro
 	}
 	u := &Userland{Busybox: filepath.Join(roots["busybox-static"], "bin", "busybox"), Files: map[string]string{}}
 	u.Files["/usr/bin/getent"] = filepath.Join(roots["libc-bin"], "usr", "bin", "getent")
-	triples, _ := filepath.Glob(filepath.Join(roots["libc6"], "usr", "lib", "*-linux-gnu"))
-	more, _ := filepath.Glob(filepath.Join(roots["libc6"], "lib", "*-linux-gnu"))
-	triples = append(triples, more...)
-	if len(triples) == 0 {
+	// bookworm's libc6 has its libraries in lib/<triple>, later ones in usr/lib/<triple>
+	var libdirs []string
+	for _, d := range []string{"lib", "usr/lib"} {
+		m, _ := filepath.Glob(filepath.Join(roots["libc6"], d, "*-linux-gnu"))
+		libdirs = append(libdirs, m...)
+	}
+	if len(libdirs) == 0 {
 		return nil, fmt.Errorf("libc6 (%s) has no lib/<triple>", apt.Arch)
 	}
-	libdir := triples[0]
-	triple := filepath.Base(libdir)
+	triple := filepath.Base(libdirs[0])
+	find := func(name string) string {
+		for _, d := range libdirs {
+			if _, err := os.Stat(filepath.Join(d, name)); err == nil {
+				return filepath.Join(d, name)
+			}
+		}
+		return filepath.Join(libdirs[0], name) // missing: the archive's error names it
+	}
 	for _, l := range []string{"libc.so.6", "libnss_dns.so.2", "libnss_files.so.2", "libresolv.so.2"} {
-		u.Files["/lib/"+triple+"/"+l] = filepath.Join(libdir, l)
+		u.Files["/lib/"+triple+"/"+l] = find(l)
 	}
 	// the program interpreter arm64 binaries name (PT_INTERP): /lib/ld-linux-aarch64.so.1
-	lds, _ := filepath.Glob(filepath.Join(libdir, "ld-linux-*.so.*"))
-	for _, l := range lds {
-		u.Files["/lib/"+triple+"/"+filepath.Base(l)] = l
-		u.Files["/lib/"+filepath.Base(l)] = l
+	for _, d := range libdirs {
+		lds, _ := filepath.Glob(filepath.Join(d, "ld-linux-*.so.*"))
+		for _, l := range lds {
+			u.Files["/lib/"+triple+"/"+filepath.Base(l)] = l
+			u.Files["/lib/"+filepath.Base(l)] = l
+		}
 	}
 	return u, nil
 }
