@@ -154,6 +154,9 @@ func SuitesFor(lines []SuiteLine, arch string, full bool, tiers []string, run st
 			continue
 		}
 		s := Suite{Name: l.Name, Binary: l.Package, Pattern: l.Pattern, Tiers: expandTiers(l.Tiers, tiers), Arch: arch}
+		if len(s.Tiers) == 0 {
+			continue // e.g. traceone in a run of the fentry tier alone
+		}
 		if run != "" {
 			s.Pattern = run
 		}
@@ -162,11 +165,19 @@ func SuitesFor(lines []SuiteLine, arch string, full bool, tiers []string, run st
 	return out
 }
 
-func expandTiers(ts, all []string) []string {
+// expandTiers is a suites.txt line's tiers in a run of the given tiers:
+// "all" is all of them, a list keeps those the run has, "any" stays.
+func expandTiers(ts, run []string) []string {
 	if len(ts) == 1 && ts[0] == "all" {
-		return slices.Clone(all)
+		return slices.Clone(run)
 	}
-	return slices.Clone(ts)
+	var out []string
+	for _, t := range ts {
+		if t == TierAny || slices.Contains(run, t) {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)

@@ -103,6 +103,10 @@ func TestSuitesPlan(t *testing.T) {
 	if got := suiteTiers(one); got[0] != "probe:kprobe" || one[0].Pattern != "TestX" || one[0].Binary != "./internal/probe" {
 		t.Errorf("--tiers kprobe: %v %+v", got, one[0])
 	}
+	// a run of one tier keeps the lines of that tier and the tier-less ones
+	if got := suiteTiers(SuitesFor(lines, "amd64", false, []string{"fentry"}, "")); !slices.Equal(got, []string{"probe:fentry", "trace:fentry", "lab:any", "tpchurn:any", "runs:fentry"}) {
+		t.Errorf("--tiers fentry: %v", got)
+	}
 	if got := PlanTiers(def, DefaultTiers); !slices.Equal(got, []string{"fentry", "kprobe", "tracepoint", "any"}) {
 		t.Errorf("plan tiers %v", got)
 	}
