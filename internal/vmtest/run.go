@@ -101,6 +101,19 @@ func Run(ctx context.Context, o Options) error {
 	}
 	r.pruneLogs()
 
+	// every kernel first: one that cannot be had stops the run before the builds
+	plans, vmlinuz, mods := map[string]GuestPlan{}, map[string]string{}, map[string]string{}
+	roots, err := ReadModuleRoots(o.ModulesFile)
+	if err != nil {
+		return err
+	}
+	for _, k := range kernels {
+		p, v, m, err := r.prepare(ctx, k, roots)
+		if err != nil {
+			return fmt.Errorf("kernel %s (%s): %w", k.Label, k.Package, err)
+		}
+		plans[k.Label], vmlinuz[k.Label], mods[k.Label] = p, v, m
+	}
 	suites, dnsrace, err := r.suites(ctx, arches)
 	if err != nil {
 		return err
@@ -140,19 +153,16 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 
-	// every kernel fetched and its initramfs written before the first boot
-	plans := map[string]GuestPlan{}
-	vmlinuz := map[string]string{}
-	roots, err := ReadModuleRoots(o.ModulesFile)
-	if err != nil {
-		return err
-	}
+	// every initramfs written before the first boot
 	for _, k := range kernels {
-		p, v, err := r.prepare(ctx, k, roots, base[k.Arch], suitesCpio[k.Arch], suites[k.Arch])
-		if err != nil {
-			return fmt.Errorf("kernel %s (%s): %w", k.Label, k.Package, err)
+		p := plans[k.Label]
+		for _, su := range suites[k.Arch] {
+			p.Suites = append(p.Suites, PlannedSuite{Name: su.Name, Tiers: su.Tiers})
 		}
-		plans[k.Label], vmlinuz[k.Label] = p, v
+		plans[k.Label] = p
+		if err := concat(filepath.Join(r.runDir, k.Label+".initrd"), base[k.Arch], mods[k.Label], suitesCpio[k.Arch]); err != nil {
+			return err
+		}
 	}
 	for _, a := range arches {
 		os.Remove(base[a])
@@ -441,10 +451,10 @@ func (r *runner) apt(ctx context.Context, codename, arch string) (*Apt, error) {
 	return a, nil
 }
 
-// prepare fetches a kernel and writes its initramfs (under the cache's
-// lock: concurrent runs share the cache); it returns the guest plan and
-// the vmlinuz.
-func (r *runner) prepare(ctx context.Context, k Kernel, roots []string, base, suitesCpio string, suites []Suite) (GuestPlan, string, error) {
+// prepare fetches a kernel and writes its modules archive (under the
+// cache's lock: concurrent runs share the cache); it returns the guest plan
+// (without suites), the vmlinuz and the modules archive.
+func (r *runner) prepare(ctx context.Context, k Kernel, roots []string) (GuestPlan, string, string, error) {
 	var plan GuestPlan
 	codename := k.Suite
 	if codename == "" {
@@ -452,41 +462,35 @@ func (r *runner) prepare(ctx context.Context, k Kernel, roots []string, base, su
 	}
 	lock, err := os.OpenFile(filepath.Join(r.Cache, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		return plan, "", err
+		return plan, "", "", err
 	}
 	defer lock.Close()
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return plan, "", fmt.Errorf("locking the cache: %w", err)
+		return plan, "", "", fmt.Errorf("locking the cache: %w", err)
 	}
 	apt, err := r.apt(ctx, codename, k.Arch)
 	if err != nil {
-		return plan, "", err
+		return plan, "", "", err
 	}
 	kb, err := FetchKernel(ctx, apt, r.Cache, k.Package)
 	if err != nil {
-		return plan, "", err
+		return plan, "", "", err
 	}
 	mods, err := ModulesArchive(ctx, kb, k.Label, roots, r.log)
 	if err != nil {
-		return plan, "", err
-	}
-	if err := concat(filepath.Join(r.runDir, k.Label+".initrd"), base, mods, suitesCpio); err != nil {
-		return plan, "", err
+		return plan, "", "", err
 	}
 	plan = GuestPlan{Kernel: k.Label, Arch: k.Arch, Suite: codename, Wanted: k.Package, Package: kb.Image.Name,
 		Version: kb.Image.Version, Pin: kb.Pin, Uname: kb.Uname, Timeout: int(r.Timeout.Seconds())}
 	for _, p := range kb.Parts {
 		plan.Parts = append(plan.Parts, p.String())
 	}
-	for _, s := range suites {
-		plan.Suites = append(plan.Suites, PlannedSuite{Name: s.Name, Tiers: s.Tiers})
-	}
 	parts := ""
 	if len(plan.Parts) > 0 {
 		parts = " (" + strings.Join(plan.Parts, ", ") + ")"
 	}
 	r.log("kernel %s: %s%s, %s, pin %s", k.Label, kb.Image, parts, kb.Uname, kb.Pin)
-	return plan, kb.Vmlinuz, nil
+	return plan, kb.Vmlinuz, mods, nil
 }
 
 // pickAccel is kvm if a tiny amd64 guest reaches /init under KVM within a
