@@ -179,7 +179,7 @@ func Run(ctx context.Context, o Options) error {
 	var wg sync.WaitGroup
 	for i, g := range guests {
 		plan := plans[g.Kernel.Label]
-		plan.Guest, plan.Tiers, plan.Accel = g.Name, g.Tiers, machine.Accel
+		plan.Guest, plan.Tiers = g.Name, g.Tiers
 		logs[i] = filepath.Join(r.logDir, g.Name+".console")
 		sem <- struct{}{}
 		if ctx.Err() != nil {
@@ -196,8 +196,9 @@ func Run(ctx context.Context, o Options) error {
 			}
 			m := machine
 			if g.Kernel.Arch != "amd64" {
-				m.Accel = "tcg"
+				m.Accel = "tcg" // the KVM probe was of an amd64 guest
 			}
+			plan.Accel = m.Accel
 			r.log("%s: booting %s (%s, %s, %d CPUs, %d MiB, timeout %s), console in %s",
 				g.Name, plan.Uname, plan.Arch, m.Accel, m.SMP, m.Mem, timeout, logs[i])
 			initrd := filepath.Join(r.runDir, g.Kernel.Label+".initrd")
