@@ -51,7 +51,7 @@ test-rules: ## Check the Prometheus rules and run their promtool unit tests
 vagrant-check: ## Syntax-check the Vagrantfile
 	ruby -c Vagrantfile
 
-test: deps lint generate-check vagrant-check test-rules test-host test-race vmtest-selftest vmtest bench-smoke ## Everything CI runs (root)
+test: deps lint generate-check vagrant-check test-rules test-host test-race vmtest bench-smoke ## Everything CI runs (root)
 
 clean: ## Remove build outputs
 	rm -f dnsrace
