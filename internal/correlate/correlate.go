@@ -201,6 +201,7 @@ type Correlator struct {
 	lastAnswers *[lastAnswerSlots]lastAnswer
 	history     *[historySlots]historySet
 	waitingOut  []lingering
+	late        map[nameKey]lateIncident // lookups' late answers waiting out (forwarder.go)
 	// strs interns question names by hash.
 	strs *[internSlots]interned
 	// locs caches drop locations by address: a flood of drops comes from a
@@ -226,7 +227,7 @@ func New(cfg Config) *Correlator {
 	return &Correlator{cfg: cfg, seed: maphash.MakeSeed(), ix: newIndex(),
 		stalls: map[*stall]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned),
 		latest: new([resendSlots]resendSlot), latestByNS: new([latestSlots]latestRef), history: new([historySlots]historySet),
-		byID: new([byIDSlots]byIDRef), copies: map[uint64]copied{}, lastAnswers: new([lastAnswerSlots]lastAnswer)}
+		late: map[nameKey]lateIncident{}, byID: new([byIDSlots]byIDRef), copies: map[uint64]copied{}, lastAnswers: new([lastAnswerSlots]lastAnswer)}
 }
 
 // Stats are the correlator's own counts.

@@ -23,8 +23,9 @@ const (
 	reasonOther      = 4
 	// reasonNone: a 5.10 drop, which carries no reason (DropReasonName
 	// gives "" there).
-	reasonNone = 5
-	ms         = uint64(time.Millisecond)
+	reasonNone      = 5
+	reasonOtherhost = 6
+	ms              = uint64(time.Millisecond)
 
 	loc510Netfilter, loc510NoSocket = 10, 11
 )
@@ -57,7 +58,7 @@ func newHarness(t *testing.T, counters fakeCounters) *harness {
 		ForwarderGrace: -1,
 		ReasonName: func(v uint32) string {
 			return map[uint32]string{0: "NOT_SPECIFIED", reasonNetfilter: "NETFILTER_DROP", reasonNoSocket: "NO_SOCKET",
-				reasonRcvbuf: "SOCKET_RCVBUFF", reasonOther: "IP_OUTNOROUTES"}[v]
+				reasonRcvbuf: "SOCKET_RCVBUFF", reasonOther: "IP_OUTNOROUTES", reasonOtherhost: "OTHERHOST"}[v]
 		},
 		Symbol: func(a uint64) (string, uint64, bool) {
 			s, ok := map[uint64]struct {

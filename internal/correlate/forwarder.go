@@ -168,6 +168,9 @@ func (c *Correlator) emitLingering(now uint64, force bool) {
 			if c.cfg.OnIncident != nil {
 				c.cfg.OnIncident(l.inc)
 			}
+			if late, ok := c.late[l.inc.key]; ok && late.inc == l.inc {
+				delete(c.late, l.inc.key)
+			}
 			continue
 		}
 		c.waitingOut[n] = l
@@ -184,10 +187,16 @@ func (c *Correlator) emitLingering(now uint64, force bool) {
 // is inc, as an upstream query.
 func upstreamOf(q *query, inc *Incident) Upstream {
 	u := Upstream{Incident: inc.ID, NetNS: q.netns, PID: q.pid, Comm: inc.Comm, QType: QType(q.qtype), ID: q.id,
-		Src: q.src, Dst: q.dst}
-	if len(inc.Lost) > 0 {
-		p := inc.Lost[0]
-		u.Cause, u.Race, u.Reason, u.Location, u.LostIn = p.Cause, p.Race, p.Reason, p.Location, p.NetNS
+		Src: q.src, Dst: q.dst, Cause: inc.Cause}
+	if inc.Race != nil {
+		u.Race = *inc.Race
+	}
+	// Where it was lost: the first loss of the incident's cause.
+	for _, p := range inc.Lost {
+		if p.Cause == inc.Cause {
+			u.Reason, u.Location, u.LostIn = p.Reason, p.Location, p.NetNS
+			break
+		}
 	}
 	return u
 }
@@ -275,9 +284,10 @@ func (c *Correlator) explainByForwarder(inc *Incident, q *query) {
 // lateAnswer reports q, answered at now after LateAnswer or more without a
 // loss of its own, as a stall: its wait is the client's whatever the
 // reason, and a forwarder's lost query may explain it. A query of a
-// lookup whose stall is in progress is that stall's; one whose A/AAAA
-// sibling was answered late too joins the sibling's incident while that
-// waits to be emitted: one incident per lookup.
+// lookup whose stall is in progress is that stall's; one of a lookup that
+// had another query answered late moments before (its A/AAAA sibling, on
+// the same socket or, for Go's resolver, another) joins that one's
+// incident while it waits to be emitted: one incident per lookup.
 func (c *Correlator) lateAnswer(q *query, now uint64) {
 	if s := c.ix.nameOfQuery(q); s != nil && s.stall != nil {
 		return
@@ -287,28 +297,50 @@ func (c *Correlator) lateAnswer(q *query, now uint64) {
 	*ev = evidence{seen: seenLateAnswer}
 	rule := decide(ev)
 	p := Packet{QType: QType(q.qtype), ID: q.id, CPU: q.cpu, SentNs: q.sentNs, Cause: rule.cause, AnsweredMs: &ms}
-	sib := c.siblingQuery(q)
-	if sib != nil {
-		if inc := sib.extraForRead().late; inc != nil && c.isLingering(inc) {
-			if inc.Upstream != nil && !inc.Upstream.TCP {
-				p.Cause = inc.Cause
-			}
-			inc.Lost = append(inc.Lost, p)
-			if ms > *inc.StallMs {
-				inc.StallMs = &ms
-			}
-			return
+	if inc := c.lateOf(q); inc != nil {
+		if inc.Upstream != nil && !inc.Upstream.TCP {
+			p.Cause = inc.Cause
 		}
+		inc.Lost = append(inc.Lost, p)
+		if ms > *inc.StallMs {
+			inc.StallMs = &ms
+		}
+		return
 	}
 	inc := c.newIncident(q, rule.cause, "")
 	inc.StallMs = &ms
 	inc.Lost = append(inc.Lost, p)
 	c.explainByForwarder(inc, q)
-	if sib != nil {
+	if sib := c.siblingQuery(q); sib != nil {
 		inc.Sibling = describeSibling(q, sib)
 	}
-	q.extraForWrite().late = inc
+	c.late[q.nk] = lateIncident{inc: inc, sentNs: q.sentNs}
+	inc.key = q.nk
 	c.lingerIncident(inc, q.sentNs, now)
+}
+
+// lateIncident is a lookup's late answer's incident, while it waits to be
+// emitted.
+type lateIncident struct {
+	inc    *Incident
+	sentNs uint64
+}
+
+// lateOf returns the incident of a late answer of q's lookup sent within
+// MinRetryGap of q, while it waits to be emitted (else nil).
+func (c *Correlator) lateOf(q *query) *Incident {
+	l, ok := c.late[q.nk]
+	if !ok {
+		return nil
+	}
+	if !c.isLingering(l.inc) {
+		delete(c.late, q.nk)
+		return nil
+	}
+	if max(l.sentNs, q.sentNs)-min(l.sentNs, q.sentNs) > uint64(c.cfg.MinRetryGap) {
+		return nil
+	}
+	return l.inc
 }
 
 // unlinger takes inc back from the incidents waiting to be emitted: it

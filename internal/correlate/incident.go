@@ -201,6 +201,8 @@ type Incident struct {
 	// was a forwarder's), the first 16; DownstreamMore counts the rest.
 	Downstream     []Asker `json:"downstream,omitempty"`
 	DownstreamMore int     `json:"downstream_more,omitempty"`
+
+	key nameKey // its lookup's, while a late answer's waits (forwarder.go)
 }
 
 // StaleNAT is a conntrack entry that outlived its NAT target: made by an

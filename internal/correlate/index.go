@@ -80,8 +80,6 @@ type queryExtra struct {
 	// resentBy: the query its client sent next for its name and type,
 	// within MinRetryGap (resend.go)
 	resentBy uint64
-	// late: its incident, when it was answered late (forwarder.go)
-	late *Incident
 	// stale: the entry that sent it to a backend that is gone
 	stale *StaleNAT
 }

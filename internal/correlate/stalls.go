@@ -333,11 +333,10 @@ func (c *Correlator) markLost(q *query, p Packet) {
 		}
 		c.fillIncident(o.inc, q, p.Cause, p.Race)
 		o.inc.Lost = o.lost1[:0]
-		if o.sib != nil {
-			// Its sibling answered late: the lookup's stall has it.
-			if late := c.unlinger(o.sib.extraForRead().late); late != nil {
-				o.inc.Lost = append(o.inc.Lost, late.Lost...)
-			}
+		// Its lookup had a query answered late: the stall has it.
+		if late := c.unlinger(c.lateOf(q)); late != nil {
+			o.inc.Lost = append(o.inc.Lost, late.Lost...)
+			delete(c.late, q.nk)
 		}
 		// Asked for only now: closeStall above forgets the name's state
 		// when nothing else is going on, and a state held across it was
@@ -352,6 +351,14 @@ func (c *Correlator) markLost(q *query, p Packet) {
 	q.held = true
 	o.queries = append(o.queries, q)
 	o.inc.Lost = append(o.inc.Lost, p)
+	if s := q.extraForRead().stale; s != nil && o.inc.StaleNAT == nil {
+		o.inc.StaleNAT = s
+		if o.inc.Cause == CauseLocalDrop || o.inc.Cause == CauseNoReply {
+			// a first loss the entry's staleness explains too (its
+			// server gone before its address)
+			o.inc.Cause = CauseStaleNAT
+		}
+	}
 }
 
 // capStalls makes room for one more stall in progress: past MaxStalls the
@@ -490,17 +497,6 @@ func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
 	}
 	if inc.NodeNetNS == 0 {
 		inc.NodeNetNS = first.nodeNS
-	}
-	for _, q := range o.queries {
-		if s := q.extraForRead().stale; s != nil {
-			inc.StaleNAT = s
-			if inc.Cause == CauseLocalDrop || inc.Cause == CauseNoReply {
-				// a first loss the entry's staleness explains too
-				// (its server gone before its address)
-				inc.Cause = CauseStaleNAT
-			}
-			break
-		}
 	}
 	if o.sib != nil {
 		inc.Sibling = describeSibling(first, o.sib)

@@ -37,7 +37,9 @@ type Userland struct {
 }
 
 // HostUserland takes busybox and getent (with its NSS and resolver
-// libraries, so the lab can drive a real glibc stub resolver) from the host.
+// libraries, so the lab can drive a real glibc stub resolver) from the host,
+// and dnsmasq with its libraries where the host has it (the lab's
+// node-local cache scenarios).
 func HostUserland(ctx context.Context) (*Userland, error) {
 	u := &Userland{Busybox: "/bin/busybox", Files: map[string]string{}}
 	if out, _ := os.ReadFile(u.Busybox); strings.Contains(string(out[:min(len(out), 8192)]), "ld-linux") || len(out) == 0 {
@@ -48,7 +50,7 @@ func HostUserland(ctx context.Context) (*Userland, error) {
 		return u, nil
 	}
 	multi := "/lib/x86_64-linux-gnu/"
-	for _, f := range []string{getent, multi + "libnss_dns.so.2", multi + "libnss_files.so.2", multi + "libresolv.so.2"} {
+	for _, f := range []string{getent, multi + "libnss_dns.so.2", multi + "libnss_files.so.2", multi + "libresolv.so.2", "/usr/sbin/dnsmasq"} {
 		if _, err := os.Stat(f); err != nil {
 			continue
 		}
