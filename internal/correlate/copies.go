@@ -50,7 +50,9 @@ func (c *Correlator) copyOf(e *event.Event, name uint64) *query {
 		return nil
 	}
 	u := c.ix.lookup(r.qid)
-	if u == nil || u.dead || u.netns == e.NetNS || u.dst == e.Packet.Dst || e.TimeNs > u.sentNs+copyWindow {
+	// A copy is of another destination (NAT rewrote it); it may be
+	// dropped in the asker's own namespace (the bridge floods it back).
+	if u == nil || u.dead || u.dst == e.Packet.Dst || e.TimeNs > u.sentNs+copyWindow {
 		return nil
 	}
 	return u

@@ -226,6 +226,9 @@ type StaleNAT struct {
 	Backends     []netip.AddrPort `json:"backends,omitempty"`
 	BackendsFrom string           `json:"backends_from,omitempty"`
 	Fix          string           `json:"fix,omitempty"`
+	// Unread says why Backends or Fix are missing (the entry or its
+	// namespace gone before they were read, the rules unreadable).
+	Unread string `json:"unread,omitempty"`
 }
 
 // Attributed counts the packets dnsrace explained, in the kernel's counter

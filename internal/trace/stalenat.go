@@ -2,7 +2,9 @@ package trace
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,6 +40,8 @@ type natRead struct {
 	at           time.Time
 	netns        uint32
 	from, fix    string
+	why          string         // what could not be read, and why
+	src          netip.AddrPort // the entry's real source, where the socket had none
 	backendAddrs []netip.AddrPort
 }
 
@@ -65,27 +69,66 @@ func (r *natReader) read(s correlate.StaleNAT, rd *natRead) {
 	rd.netns = s.NetNS
 	if rd.netns == 0 {
 		// A copy dropped elsewhere: the entry is where DNS is tracked.
+		var tried []string
 		for _, ns := range r.ctNSs() {
-			if p := r.ns.path(ns); p != "" {
-				if _, err := ctentry.Get(p, orig); err == nil {
-					rd.netns = ns
-					break
-				}
+			p := r.ns.path(ns)
+			if p == "" {
+				tried = append(tried, fmt.Sprintf("netns %d: no path", ns))
+				continue
 			}
+			e, err := findEntry(p, orig, s.Gone)
+			if err != nil {
+				tried = append(tried, fmt.Sprintf("netns %d: %v", ns, err))
+				continue
+			}
+			rd.netns, orig = ns, e.Orig
+			break
+		}
+		if rd.netns == 0 {
+			rd.why = fmt.Sprintf("the entry was not found where DNS is tracked [%s]", strings.Join(tried, "; "))
+			return
 		}
 	}
 	path := r.ns.path(rd.netns)
-	if rd.netns == 0 || path == "" {
+	if path == "" {
+		rd.why = fmt.Sprintf("netns %d had no path left to enter", rd.netns)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), natWait)
 	defer cancel()
-	if t, err := natrules.Read(ctx, path); err == nil {
-		if b, from, ok := t.Backends(s.Entry.Dst, unix.IPPROTO_UDP); ok {
-			rd.backendAddrs, rd.from = b, from
-		}
+	t, err := natrules.Read(ctx, path)
+	if err != nil {
+		rd.why = "NAT rules unreadable: " + err.Error()
+	} else if b, from, ok := t.Backends(s.Entry.Dst, unix.IPPROTO_UDP); ok {
+		rd.backendAddrs, rd.from = b, from
+	} else {
+		rd.why = fmt.Sprintf("no NAT rule for %s found", s.Entry.Dst)
 	}
 	rd.fix = ctentry.DeleteCommand(path, orig)
+	if orig.Src != s.Entry.Src {
+		rd.src = orig.Src
+	}
+}
+
+// findEntry finds the entry with original tuple orig. A socket with no
+// source address of its own (bound to the wildcard: a forwarder's query
+// port) sent from the one routing chose, which the entry has: then the
+// entry is the one from orig's port to its destination that NATs to gone.
+func findEntry(path string, orig ctentry.Tuple, gone netip.AddrPort) (ctentry.Entry, error) {
+	if !orig.Src.Addr().IsUnspecified() {
+		return ctentry.Get(path, orig)
+	}
+	es, err := ctentry.Dump(path, func(e ctentry.Entry) bool {
+		return e.Orig.Proto == orig.Proto && e.Orig.Src.Port() == orig.Src.Port() && e.Orig.Dst == orig.Dst &&
+			e.DNATTarget() == gone
+	})
+	if err != nil {
+		return ctentry.Entry{}, err
+	}
+	if len(es) != 1 {
+		return ctentry.Entry{}, fmt.Errorf("%d entries from port %d to %s sent to %s: %w", len(es), orig.Src.Port(), orig.Dst, gone, ctentry.ErrNotFound)
+	}
+	return es[0], nil
 }
 
 // complete fills in s from its entry's reading, waiting for it a while.
@@ -94,15 +137,20 @@ func (r *natReader) complete(s *correlate.StaleNAT) {
 	rd, ok := r.byKey[s.Entry]
 	r.mu.Unlock()
 	if !ok {
+		s.Unread = "the entry was never read"
 		return
 	}
 	select {
 	case <-rd.done:
 	case <-time.After(natWait):
+		s.Unread = "the entry's reading took longer than " + natWait.String()
 		return
 	}
 	if s.NetNS == 0 {
 		s.NetNS = rd.netns
 	}
-	s.Backends, s.BackendsFrom, s.Fix = rd.backendAddrs, rd.from, rd.fix
+	s.Backends, s.BackendsFrom, s.Fix, s.Unread = rd.backendAddrs, rd.from, rd.fix, rd.why
+	if rd.src.IsValid() {
+		s.Entry.Src = rd.src
+	}
 }

@@ -287,6 +287,9 @@ func formatStaleNAT(detail func(label, format string, args ...any), s *correlate
 	if s.Fix != "" {
 		detail("fix", "%s   (kube-proxy deletes the UDP entries of removed endpoints; this one it missed)", s.Fix)
 	}
+	if s.Unread != "" {
+		detail("unread", "%s", s.Unread)
+	}
 }
 
 // shortDuration writes ms as ms under a second, else as seconds.
