@@ -89,10 +89,11 @@ func suiteTiers(ss []Suite) []string {
 func TestSuitesPlan(t *testing.T) {
 	lines := repoSuites(t)
 	def := SuitesFor(lines, "amd64", false, DefaultTiers, "")
-	want := []string{"probe:fentry+kprobe+tracepoint", "trace:fentry", "traceone:kprobe+tracepoint", "lab:any", "tpchurn:any", "runs:fentry+kprobe+tracepoint"}
+	want := []string{"probe:fentry+kprobe+tracepoint", "trace:fentry", "realnodes:fentry", "traceone:kprobe+tracepoint", "lab:any", "tpchurn:any", "runs:fentry+kprobe+tracepoint"}
 	if got := suiteTiers(def); !slices.Equal(got, want) {
 		t.Errorf("default suites %v, want %v", got, want)
 	}
+	// arm64 guests have no dnsmasq: no realnodes
 	full := SuitesFor(lines, "arm64", true, DefaultTiers, "")
 	want = []string{"probe:fentry+kprobe+tracepoint", "trace:fentry+kprobe+tracepoint", "lab:any", "tpchurn:any", "runs:fentry+kprobe+tracepoint"}
 	if got := suiteTiers(full); !slices.Equal(got, want) {
@@ -104,7 +105,7 @@ func TestSuitesPlan(t *testing.T) {
 		t.Errorf("--tiers kprobe: %v %+v", got, one[0])
 	}
 	// a run of one tier keeps the lines of that tier and the tier-less ones
-	if got := suiteTiers(SuitesFor(lines, "amd64", false, []string{"fentry"}, "")); !slices.Equal(got, []string{"probe:fentry", "trace:fentry", "lab:any", "tpchurn:any", "runs:fentry"}) {
+	if got := suiteTiers(SuitesFor(lines, "amd64", false, []string{"fentry"}, "")); !slices.Equal(got, []string{"probe:fentry", "trace:fentry", "realnodes:fentry", "lab:any", "tpchurn:any", "runs:fentry"}) {
 		t.Errorf("--tiers fentry: %v", got)
 	}
 	if got := PlanTiers(def, DefaultTiers); !slices.Equal(got, []string{"fentry", "kprobe", "tracepoint", "any"}) {
