@@ -496,10 +496,14 @@ func (c *Correlator) expire(now uint64) {
 		c.ix.forget(q)
 	}
 	c.ix.compact()
-	if len(c.stalls) > 0 && c.stallLow+ttl <= now {
+	// A stall without a retry ends MinRetryGap after its last attempt
+	// expired: that attempt's other queries (sent up to MinRetryGap
+	// later, on other sockets for Go's resolver) expire into it first.
+	wait := ttl + uint64(c.cfg.MinRetryGap)
+	if len(c.stalls) > 0 && c.stallLow+wait <= now {
 		low := uint64(math.MaxUint64)
 		for o := range c.stalls {
-			if at := c.lastAttempt(o); at+ttl <= now {
+			if at := c.lastAttempt(o); at+wait <= now {
 				c.finish(o, now)
 			} else {
 				low = min(low, at)

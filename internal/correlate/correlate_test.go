@@ -50,8 +50,13 @@ type harness struct {
 }
 
 func newHarness(t *testing.T, counters fakeCounters) *harness {
+	return newHarnessWith(t, counters, nil)
+}
+
+// newHarnessWith is newHarness with the configuration changed by set.
+func newHarnessWith(t *testing.T, counters fakeCounters, set func(*Config)) *harness {
 	h := &harness{t: t}
-	h.c = New(Config{
+	cfg := Config{
 		Counters: counters,
 		// Incidents at the tick their stall ends: tests of forwarders
 		// set a grace of their own.
@@ -72,7 +77,11 @@ func newHarness(t *testing.T, counters fakeCounters) *harness {
 			return s.name, s.off, ok
 		},
 		OnIncident: func(inc *Incident) { h.incidents = append(h.incidents, inc) },
-	})
+	}
+	if set != nil {
+		set(&cfg)
+	}
+	h.c = New(cfg)
 	return h
 }
 
@@ -486,7 +495,7 @@ func TestStallWithoutRetry(t *testing.T) {
 }
 
 // A stall that opens already past QueryTTL (an unanswered query declared
-// lost at its TTL) is reported at that tick, though a younger stall is in
+// lost at its TTL) is reported MinRetryGap later, though a younger stall is in
 // progress: expire walks the stalls once the earliest start may be past
 // the TTL, and the new stall's start is the earliest.
 func TestStallOpenedPastTTLCloses(t *testing.T) {
@@ -499,11 +508,12 @@ func TestStallOpenedPastTTLCloses(t *testing.T) {
 	if len(h.incidents) != 0 {
 		t.Fatalf("incidents before any TTL: %+v", h.incidents)
 	}
-	h.c.Tick(14*sec + 1) // podB's query is lost: a stall from 2 s, past its TTL
+	h.c.Tick(14*sec + 1)                           // podB's query is lost: a stall from 2 s, past its TTL
+	h.c.Tick(14*sec + uint64(h.c.cfg.MinRetryGap)) // and over: no other query of its attempt came
 	if len(h.incidents) != 1 || h.incidents[0].Cause != CauseNoReply || h.incidents[0].NetNS != podB {
 		t.Fatalf("at 14 s: %+v, want podB's no_reply", h.incidents)
 	}
-	h.c.Tick(17*sec + 1)
+	h.c.Tick(17*sec + uint64(h.c.cfg.MinRetryGap) + 1)
 	if len(h.incidents) != 2 || h.incidents[1].Cause != CauseInsertRace {
 		t.Fatalf("at 17 s: %+v, want podA's insert_race too", h.incidents)
 	}

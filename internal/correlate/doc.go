@@ -30,7 +30,9 @@
 // that draws new ids each attempt, as Go's does) ends the stall at once.
 // The stall is the time from the first lost query to the retry that ended
 // it (about 5 s a timeout for glibc, 2.5 s for musl); with no retry it ends
-// QueryTTL after its latest attempt began, not retried. Stalls are reported
+// QueryTTL after its latest attempt began, not retried (reported
+// MinRetryGap later, once that attempt's other queries have expired into
+// it: Go's resolver sends A and AAAA on sockets of their own). Stalls are reported
 // as they end; OldestOpen bounds when the stalls not reported yet began, so
 // a writer can put them in the order they began.
 //

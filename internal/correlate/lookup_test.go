@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 
@@ -155,7 +156,8 @@ func TestLookupLostTwiceOneIncident(t *testing.T) {
 }
 
 // A lookup whose every attempt loses (glibc gave up): one incident when no
-// retry comes, QueryTTL after its last attempt, not at the first one's.
+// retry comes, QueryTTL (and MinRetryGap, for the attempt's other
+// queries) after its last attempt, not at the first one's.
 func TestLookupWithoutAnsweredAttempt(t *testing.T) {
 	h := newHarness(t, nil)
 	for _, at := range []uint64{0, 5 * sec, 10 * sec} {
@@ -167,7 +169,7 @@ func TestLookupWithoutAnsweredAttempt(t *testing.T) {
 	if len(h.incidents) != 0 {
 		t.Fatalf("reported at the first attempt's QueryTTL: %+v", h.incidents)
 	}
-	h.c.Tick(22*sec + 2*ms)
+	h.c.Tick(22*sec + 2*ms + uint64(h.c.cfg.MinRetryGap))
 	inc := h.only(CauseRuleDrop)
 	// It waited at least until its third attempt (then gave up).
 	if len(inc.Lost) != 3 || inc.Retried || !inc.StallAtLeast || stallMs(inc) != 9998 {
@@ -279,4 +281,42 @@ func TestAttemptOverOnceEveryQueryIsResent(t *testing.T) {
 			t.Errorf("lost %v, stall %.3f ms; want AAAA/2 twice, 9999 ms", got, stallMs(inc))
 		}
 	})
+}
+
+// Go's resolver asks A and AAAA at once, each on a socket of its own, and
+// asks again on new sockets with new ids after its timeout: a lookup
+// never answered is one incident per attempt waited out, each with both
+// queries, whatever order the losses are found in.
+func TestGoLookupOneIncidentPerTimeout(t *testing.T) {
+	h := newHarness(t, nil)
+	port := uint16(7000)
+	sock := func() netip.AddrPort { port++; return netip.AddrPortFrom(srcA.Addr(), port) }
+	h.query(0, podA, sock(), 1, dns.TypeA)
+	h.query(200*uint64(time.Microsecond), podA, sock(), 2, dns.TypeAAAA)
+	for at := uint64(ms); at < 5*sec; at += 500 * ms {
+		h.c.Tick(at)
+	}
+	h.query(5*sec, podA, sock(), 4, dns.TypeAAAA) // the AAAA goroutine first
+	h.query(5*sec+300*uint64(time.Microsecond), podA, sock(), 3, dns.TypeA)
+	for at := 5*sec + ms; at < 10*sec; at += 500 * ms {
+		h.c.Tick(at)
+	}
+	// No retry: the queries expire (QueryTTL), each at its own tick.
+	ttl := uint64(h.c.cfg.QueryTTL)
+	for at := 5*sec + ttl - ms; at < 5*sec+ttl+2*ms; at += 100 * uint64(time.Microsecond) {
+		h.c.Tick(at)
+	}
+	h.c.Close(5*sec + ttl + sec)
+	if len(h.incidents) != 2 {
+		for _, inc := range h.incidents {
+			t.Logf("incident %d: lost %v retried %v", inc.ID, lostIDs(inc), inc.Retried)
+		}
+		t.Fatalf("%d incidents, want 2: one per timeout", len(h.incidents))
+	}
+	for i, want := range [][]string{{"A/1 no_reply", "AAAA/2 no_reply"}, {"AAAA/4 no_reply", "A/3 no_reply"}} {
+		got := lostIDs(h.incidents[i])
+		if len(got) != 2 || !(got[0] == want[0] && got[1] == want[1] || got[0] == want[1] && got[1] == want[0]) {
+			t.Errorf("incident %d: lost %v, want %v", i, got, want)
+		}
+	}
 }

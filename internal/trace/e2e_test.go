@@ -202,7 +202,8 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 	}
 	t.Logf("lab: lookups %d stalls %d timeouts %d lost %d conntrack %+v in netns %v; UDP no-port node %d pods %d; servers %+v; expectation met %v %v",
 		rep.Lookups, rep.Stalls, rep.StallTimeout, rep.LostReplies, rep.Conntrack, rep.NATNetNS, rep.NodeUDP.NoPorts, rep.PodUDP.NoPorts, rep.Servers, rep.Expectation.Met, rep.Expectation.Failures)
-	t.Logf("trace: %d incidents in the lab's pods; NAT netns kernel %+v attributed %+v; events lost %d", len(tr.incidents), tr.nat.Kernel, tr.nat.Attributed, tr.sum.EventsLost)
+	t.Logf("trace: %d incidents in the lab's pods; NAT netns kernel %+v attributed %+v; events lost %d; runs the kernel skipped %v",
+		len(tr.incidents), tr.nat.Kernel, tr.nat.Attributed, tr.sum.EventsLost, tr.sum.RecursionMisses)
 	if kf := tr.sum.KernelFlows; kf != nil {
 		t.Logf("trace: queries %d, answered %d (kernel: flows started %d, answered %d, live %d)", tr.sum.Queries.Queries, tr.sum.Queries.Answered, kf.Started, kf.Answered, kf.Live)
 	}

@@ -1,0 +1,142 @@
+package correlate
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/dnsrace/dnsrace/internal/event"
+)
+
+// A cache pod (fwdNS, holding cacheAddr) forwards the pods' questions to
+// the VIP from one query port, as dnsmasq does; its lost upstream query
+// is the pods' stall.
+
+const fwdNS = 300
+
+var (
+	cacheAddr = netip.MustParseAddrPort("10.244.0.250:53")
+	fwdSrc    = netip.MustParseAddrPort("10.244.0.250:5301")
+)
+
+func newForwarderHarness(t *testing.T) *harness {
+	return newHarnessWith(t, nil, func(c *Config) {
+		c.AddrOwner = func(a netip.Addr) (uint32, bool) { return fwdNS, a == cacheAddr.Addr() }
+		c.ForwarderGrace = 500 * time.Millisecond
+	})
+}
+
+// send sends a QUERY record from pid in ns and returns its qid.
+func (h *harness) send(t uint64, ns uint32, pid uint32, src, dst netip.AddrPort, id, qtype uint16) uint64 {
+	h.qid++
+	e := &event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: h.qid, TimeNs: t, NetNS: ns, CPU: uint16(h.qid % 2),
+		Packet: event.Tuple{Src: src, Dst: dst, Proto: 17}, Tier: event.TierFentry, PID: pid}
+	e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, id, qtype
+	e.DNS.SetQName("svc-00.lab.test")
+	h.c.Handle(e)
+	return h.qid
+}
+
+// ticks ticks every 100 ms from from to to.
+func (h *harness) ticks(from, to uint64) {
+	for at := from; at <= to; at += 100 * ms {
+		h.c.Tick(at)
+	}
+}
+
+const (
+	podPID = 4242
+	fwdPID = 219
+)
+
+// One pod lookup, glibc style (one socket, the same ids at its retry);
+// the cache's upstream A is dropped, then its resend answered at the
+// pod's retry. The pod's incident is upstream_lost and names the cache's
+// incident, which lists the pod back.
+func TestPodStallNamesForwarderLoss(t *testing.T) {
+	h := newForwarderHarness(t)
+	pod := srcA
+	qa := h.send(0, podA, podPID, pod, cacheAddr, 1, dns.TypeA)
+	h.answer(ms, h.send(200*uint64(time.Microsecond), podA, podPID, pod, cacheAddr, 2, dns.TypeAAAA))
+	up := h.send(ms, fwdNS, fwdPID, fwdSrc, vip, 100, dns.TypeA)
+	h.handle(drop(2*ms, up, reasonOtherhost, 3, event.CT{}))
+	h.ticks(100*ms, 5*sec-100*ms)
+	h.answer(5*sec+2*ms, h.send(5*sec+ms, fwdNS, fwdPID, fwdSrc, vip, 100, dns.TypeA))
+	h.answer(5*sec+3*ms, h.send(5*sec, podA, podPID, pod, cacheAddr, 1, dns.TypeA))
+	h.ticks(5*sec+100*ms, 7*sec)
+	h.c.Close(8 * sec)
+	_ = qa
+	var podInc, fwdInc *Incident
+	for _, inc := range h.incidents {
+		switch inc.NetNS {
+		case podA:
+			podInc = inc
+		case fwdNS:
+			fwdInc = inc
+		}
+	}
+	if podInc == nil || fwdInc == nil || len(h.incidents) != 2 {
+		t.Fatalf("%d incidents, want the pod's and the cache's", len(h.incidents))
+	}
+	if podInc.Cause != CauseUpstreamLost || podInc.Upstream == nil || podInc.Upstream.Incident != fwdInc.ID || podInc.Upstream.Cause != CauseLocalDrop {
+		t.Errorf("pod incident: cause %s upstream %+v; want upstream_lost naming incident %d (local_drop)", podInc.Cause, podInc.Upstream, fwdInc.ID)
+	}
+	if len(fwdInc.Downstream) != 1 || fwdInc.Downstream[0].Incident != podInc.ID {
+		t.Errorf("cache incident lists askers %+v, want the pod's incident %d", fwdInc.Downstream, podInc.ID)
+	}
+}
+
+// Go's resolver in two pods: A and AAAA each on a socket of their own, new
+// sockets and ids at the retry, never answered (the cache's upstream
+// queries keep being dropped). Each timeout waited out is one incident of
+// its pod with both queries, whatever order the losses are found in.
+func TestGoPodsBehindForwarderOneIncidentPerTimeout(t *testing.T) {
+	h := newForwarderHarness(t)
+	port := uint16(40000)
+	sock := func(ns uint32) netip.AddrPort {
+		port++
+		a := srcA.Addr()
+		if ns == podB {
+			a = srcB.Addr()
+		}
+		return netip.AddrPortFrom(a, port)
+	}
+	id := uint16(2000)
+	fwdID := map[uint16]uint16{dns.TypeA: 100, dns.TypeAAAA: 101}
+	for _, at := range []uint64{0, 5 * sec} {
+		for i, ns := range []uint32{podA, podB} {
+			t0 := at + uint64(i)*3*ms
+			// the AAAA goroutine may send first
+			h.send(t0, ns, podPID, sock(ns), cacheAddr, id+1, dns.TypeAAAA)
+			h.send(t0+300*uint64(time.Microsecond), ns, podPID, sock(ns), cacheAddr, id, dns.TypeA)
+			id += 2
+		}
+		// the cache asks (or asks again) once, both pods' questions joined
+		for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
+			up := h.send(at+ms, fwdNS, fwdPID, fwdSrc, vip, fwdID[qt], qt)
+			h.handle(drop(at+2*ms, up, reasonOtherhost, 3, event.CT{}))
+		}
+		h.ticks(at+100*ms, at+5*sec-100*ms)
+	}
+	h.ticks(10*sec, 12*sec)
+	h.c.Close(13 * sec)
+	perPod := map[uint32][]*Incident{}
+	for _, inc := range h.incidents {
+		perPod[inc.NetNS] = append(perPod[inc.NetNS], inc)
+	}
+	for _, ns := range []uint32{podA, podB} {
+		if got := perPod[ns]; len(got) != 2 {
+			for _, inc := range got {
+				t.Logf("pod %d incident %d: lost %v retried %v", ns, inc.ID, lostIDs(inc), inc.Retried)
+			}
+			t.Errorf("pod %d: %d incidents, want 2 (one per timeout)", ns, len(got))
+		}
+		for _, inc := range perPod[ns] {
+			if len(inc.Lost) != 2 || inc.Cause != CauseUpstreamLost {
+				t.Errorf("pod %d incident %d: %s, lost %v; want upstream_lost with A and AAAA", ns, inc.ID, inc.Cause, lostIDs(inc))
+			}
+		}
+	}
+}
