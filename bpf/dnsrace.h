@@ -63,6 +63,9 @@ enum ev_kind {
 	/* the first DNS entry of a namespace: user space reads that
 	 * namespace's conntrack counters from now on */
 	EV_CT_NETNS = 8,
+	/* the answers table was full: the answer of qid, which NAT in its
+	 * own namespace rewrites, cannot be matched (STAT_FLOWS_REFUSED) */
+	EV_UNTRACKED = 9,
 };
 
 /* event.Tier (TestEnumValues). */
@@ -92,6 +95,9 @@ enum rec_flags {
 	 * it, or it is a copy no earlier hop carried (a bridge flooding a
 	 * frame to hosts that are not its destination, after NAT rewrote it) */
 	RF_AT_DROP = 1 << 4,
+	/* query: the flow table was full, so its flow was not kept: its
+	 * answer cannot be matched (counted in STAT_FLOWS_REFUSED) */
+	RF_UNTRACKED = 1 << 5,
 };
 
 struct tuple {
@@ -173,7 +179,8 @@ enum stat_index {
 	STAT_RING_LOST = 0,     /* records the ring buffer had no room for */
 	STAT_FLOWS_NEW = 1,     /* flows inserted (queries first seen) */
 	STAT_FLOWS_ANSWERED = 2, /* flows deleted because answered */
-	STAT_MAX = 3,
+	STAT_FLOWS_REFUSED = 3, /* flows and answers entries a full table had no room for */
+	STAT_MAX = 4,
 };
 
 #endif /* DNSRACE_H */

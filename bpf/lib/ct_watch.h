@@ -96,14 +96,19 @@ static __always_inline void resolve_late(__u32 netns, __u32 dir, const struct tu
 /* expect_at_reply: NAT ran in the asking namespace itself, so the answer
  * arrives there with the entry's reply tuple, before that namespace
  * reverses it. A reply source port that is not a DNS port is remembered
- * for the receive hook's filter. */
-static __always_inline void expect_at_reply(struct seen *s, __u64 qid, const struct tuple *reply)
+ * for the receive hook's filter. A full answers table is said
+ * (EV_UNTRACKED): the answer will not be matched. */
+static __always_inline void expect_at_reply(struct seen *s, __u64 qid, const struct tuple *reply, __u8 tier)
 {
 	struct ans_key ak = {.netns = s->netns};
 	key_from(&ak.k, reply, s->id, false);
 	struct ans a = {.qid = qid};
 	query_key(&a.fk, s);
-	expect_answer(&ak, &a);
+	if (!expect_answer(&ak, &a)) {
+		struct event_buf *b = new_event();
+		if (b)
+			emit_event(b, EV_UNTRACKED, tier, qid, s->netns, 0, 0);
+	}
 	if (!port_in(reply->sport)) {
 		__u32 w = reply->sport >> 6;
 		__u64 *bits = bpf_map_lookup_elem(&reply_ports, &w);
@@ -146,7 +151,7 @@ static __always_inline void note_ct(struct seen *s, __u64 qid, __u32 asker, __u8
 	if (m) {
 		if ((m->flags & CTM_NAT) && s->netns == asker) {
 			read_tuple(&reply, s->ct, 1);
-			expect_at_reply(s, qid, &reply);
+			expect_at_reply(s, qid, &reply, tier);
 		}
 		return;
 	}
@@ -158,7 +163,7 @@ static __always_inline void note_ct(struct seen *s, __u64 qid, __u32 asker, __u8
 	read_tuple(&reply, s->ct, 1);
 	__u32 nat = tuple_reversed(&reply, &s->orig) ? 0 : CTM_NAT;
 	if (nat && s->netns == asker)
-		expect_at_reply(s, qid, &reply);
+		expect_at_reply(s, qid, &reply, tier);
 	struct ct_ref ref = {.ct = ctp, .qid = qid};
 	struct ct_tuple_key k = {};
 	if (status & IPS_NAT_CLASH) {

@@ -45,13 +45,9 @@ static __always_inline int device(struct sk_buff *skb, bool egress)
 		answer(s, &s->p.t, TIER_TRACEPOINT);
 		return 0;
 	}
-	/* Every hop looks its flow up, even where that changes nothing (an
-	 * ingress without an entry): the lookup sets the entry's reference
-	 * bit, and when the map is full (queries nobody answers pile up) the
-	 * LRU evicts entries nothing looked up first. A flow still on its way
-	 * must look more recent than the dropped queries' flows the drop hook
-	 * keeps looking up, and one lookup at its birth is not enough for that
-	 * (TestFreshFlowsSurviveFullMap). */
+	/* Every hop looks its flow up, even an ingress without an entry: the
+	 * flow's last sight, which tells its next hop from a resend, moves
+	 * on with it. */
 	query_key(&k, s);
 	__u32 asker = 0;
 	__u64 qid = track_query(s, skb, &k, egress, TIER_TRACEPOINT, 0, 0, &asker, &f);

@@ -108,7 +108,7 @@ static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reaso
 			bpf_map_delete_elem(&preconfirm, &skbp);
 		}
 		if (qid && drop_is_final(reason))
-			end_flow(&k, asker);
+			end_flow(&k);
 		flags = sender_of(skb);
 	}
 	if (s.ct)

@@ -1,6 +1,6 @@
 /* The flow table: a DNS query's flow from first sight to its answer, by
  * the asking socket's 5-tuple and DNS id (struct flow_key); answers found
- * by the key reversed or by an answers entry; the askers counts that let
+ * by the key reversed or by an answers entry; the askers marks that let
  * namespaces nobody asks from skip the lookups.
  */
 #ifndef DNSRACE_LIB_FLOW_H
@@ -68,58 +68,54 @@ static __always_inline __u32 *askers_of(__u32 netns)
 	return bpf_map_lookup_elem(&askers, &i);
 }
 
-/* count_asker adds d to netns's askers slot: +1 before an entry is made (a
- * response seen meanwhile finds no entry either way), -1 only after this
- * program deleted one. */
-static __always_inline void count_asker(__u32 netns, __s32 d)
+/* mark_asker marks netns's askers slot before an entry is made there (a
+ * response seen meanwhile finds no entry either way). The slot is read
+ * first: written only once, it stays in every CPU's cache. */
+static __always_inline void mark_asker(__u32 netns)
 {
 	__u32 *n = askers_of(netns);
-	if (n)
-		__sync_fetch_and_add(n, d);
+	if (n && !*n)
+		*n = 1;
 }
 
-static __always_inline void expect_answer(struct ans_key *ak, struct ans *a)
+/* expect_answer makes an answers entry; false: the table is full (counted). */
+static __always_inline bool expect_answer(struct ans_key *ak, struct ans *a)
 {
-	count_asker(ak->netns, 1);
-	bpf_map_update_elem(&answers, ak, a, BPF_ANY);
+	mark_asker(ak->netns);
+	a->ts = bpf_jiffies64();
+	if (!bpf_map_update_elem(&answers, ak, a, BPF_ANY))
+		return true;
+	stat_inc(STAT_FLOWS_REFUSED);
+	return false;
 }
 
 static __always_inline void forget_answer(struct ans_key *ak)
 {
-	if (!bpf_map_delete_elem(&answers, ak))
-		count_asker(ak->netns, -1);
+	bpf_map_delete_elem(&answers, ak);
 }
 
-/* delete_flow deletes the flow of k asked from netns, and counts it down
- * if it was there. */
-static __always_inline bool delete_flow(struct flow_key *k, __u32 netns)
+/* delete_flow deletes the flow of k; false if it was not there. */
+static __always_inline bool delete_flow(struct flow_key *k)
 {
-	if (bpf_map_delete_elem(&flows, k))
-		return false;
-	count_asker(netns, -1);
-	return true;
+	return !bpf_map_delete_elem(&flows, k);
 }
 
-/* new_flow starts a flow (counted in its asking namespace's askers slot)
- * and sends the QUERY record. pre_ct is the entry the netfilter program saw
+/* new_flow starts a flow (marking its asking namespace an asker) and
+ * sends the QUERY record. pre_ct is the entry the netfilter program saw
  * just before confirm (0 elsewhere). Its answer is found by its key
- * reversed. */
+ * reversed. A full table keeps no flow for it: the record says so
+ * (RF_UNTRACKED), so its answer, which nothing will match, is not taken
+ * for a loss. */
 static __always_inline __u64 new_flow(struct flow_key *k, __u32 netns, __u64 payload, __u32 len, bool user,
 				      __u8 tier, __u8 flags, __u64 pre_ct)
 {
 	__u64 qid = new_qid();
 	struct flow f = {.qid = qid, .ts = bpf_jiffies64(), .pre_ct = pre_ct, .netns = netns};
-	count_asker(netns, 1);
-	bpf_map_update_elem(&flows, k, &f, BPF_ANY);
-	/* A lookup sets the entry's reference bit (an insert does not), and
-	 * a full LRU map evicts unreferenced entries first. In the tracepoint
-	 * tier every later hop looks the flow up; in the others nothing does
-	 * before its answer, while the drop hook looks up the flows of
-	 * queries a rule dropped, which stay (only a drop at the server ends
-	 * a flow): with the map full of those, fresh flows would go first and
-	 * their answers find nothing (TestFreshFlowsSurviveFullMap). */
-	if (!tracepoint_mode)
-		bpf_map_lookup_elem(&flows, k);
+	mark_asker(netns);
+	if (bpf_map_update_elem(&flows, k, &f, BPF_ANY)) {
+		stat_inc(STAT_FLOWS_REFUSED);
+		flags |= RF_UNTRACKED;
+	}
 	stat_inc(STAT_FLOWS_NEW);
 	struct tuple t = {.sport = k->sport, .dport = k->dport, .family = k->family, .proto = IPPROTO_UDP};
 	__builtin_memcpy(t.saddr, k->saddr, 16);
@@ -239,7 +235,7 @@ static __always_inline bool answer(struct seen *s, const struct tuple *t, __u8 t
 	}
 	if (!o.f || o.f->qid != o.qid)
 		return false; /* answered already, through its other key */
-	delete_flow(&o.fk, s->netns); /* o.f->netns: lookup_answer checked */
+	delete_flow(&o.fk);
 	stat_inc(STAT_FLOWS_ANSWERED);
 	__u32 zero = 0;
 	struct answered *last = bpf_map_lookup_elem(&last_answered, &zero);
@@ -257,13 +253,13 @@ static __always_inline bool answer(struct seen *s, const struct tuple *t, __u8 t
 }
 
 /* end_flow deletes the flow of k (or of k without a source address, as
- * lookup_flow finds it) asked from netns. */
-static __always_inline void end_flow(struct flow_key *k, __u32 netns)
+ * lookup_flow finds it). */
+static __always_inline void end_flow(struct flow_key *k)
 {
-	if (delete_flow(k, netns) || tracepoint_mode)
+	if (delete_flow(k) || tracepoint_mode)
 		return;
 	__builtin_memset(k->saddr, 0, 16);
-	delete_flow(k, netns);
+	delete_flow(k);
 }
 
 #endif /* DNSRACE_LIB_FLOW_H */

@@ -93,8 +93,15 @@ struct flow {
 	__u32 _pad;
 };
 
+/* A plain preallocated hash, not an LRU: an answered query's flow is
+ * inserted and deleted once each, and an LRU pays for its lists at both
+ * (and, since Linux 6.19, evicts entries long before it is full: docs/
+ * kernel.md). The flows nobody deletes (queries never answered) are swept
+ * by the loader once older than any answer can be (internal/probe,
+ * sweep.go); a full table refuses a new flow, counted and said in its
+ * QUERY record (RF_UNTRACKED). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 32768); /* the loader may resize */
 	__type(key, struct flow_key);
 	__type(value, struct flow);
@@ -110,24 +117,26 @@ struct ans_key {
 
 struct ans {
 	__u64 qid;
+	__u64 ts; /* made, in jiffies: the loader sweeps what nobody answered */
 	struct flow_key fk;
 };
 
+/* Swept and refused as flows are. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 32768);
 	__type(key, struct ans_key);
 	__type(value, struct ans);
 } answers SEC(".maps");
 
-/* askers counts, per slot of namespace inode, the flows asked from the
- * namespaces of that slot and the answers entries made there; deletes count
- * down. LRU evictions are not seen, so a count may stay above the truth but
- * never falls below it: a response in a namespace whose slot is 0 expects
- * no answer, and the hops an answer crosses on its way back (the DNS
- * server's namespace, the node) cost one array load instead of hash
- * lookups. A slot left above 0 by evicted flows only costs that namespace
- * the lookups every namespace paid before. */
+/* askers marks, per slot of namespace inode, the namespaces of that slot
+ * that ever asked (a flow, or an answers entry made there): a response in a
+ * namespace whose slot is 0 expects no answer, and the hops an answer
+ * crosses on its way back (the DNS server's namespace, the node) cost one
+ * array load instead of hash lookups. A slot is set once and never
+ * cleared: a count kept per query would be written by every query on two
+ * CPUs (a cache line they share), and a namespace that asked once only
+ * pays the lookups every namespace paid before. */
 #define ASKER_SLOTS 4096
 
 struct {

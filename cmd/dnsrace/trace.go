@@ -80,6 +80,7 @@ type traceFlags struct {
 	json         bool
 	readyFile    string
 	ringSize     uint32
+	flowEntries  uint32
 	procRoot     string
 	root         string
 	pods         bool
@@ -106,6 +107,7 @@ func (f *traceFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.json, "json", false, "write JSON Lines: one object per incident, then a summary object")
 	fs.StringVar(&f.readyFile, "ready-file", "", "write this file once every probe is attached (for scripts)")
 	fs.Uint32Var(&f.ringSize, "ring-buffer-size", probe.DefaultRingBufferSize, "ring buffer size in bytes (a power of two multiple of the page size)")
+	fs.Uint32Var(&f.flowEntries, "flow-entries", probe.DefaultFlowEntries, "queries the kernel's flow table holds awaiting their answer (unanswered ones leave it after 15 s; a full table leaves new queries untracked, counted in the summary)")
 	fs.StringVar(&f.procRoot, "proc-root", "/proc", "where the host's /proc is (kubectl debug: /host/proc)")
 	fs.StringVar(&f.root, "root", "/", "where the host's / is, for /var/log/pods, /var/log/containers and /sys/fs/cgroup (kubectl debug: /host)")
 	fs.BoolVar(&f.pods, "pods", true, "name the pod, namespace and container of every incident (from cgroups and /var/log/pods; no API server)")
@@ -148,6 +150,10 @@ func (f *traceFlags) probeOptions() (probe.Options, error) {
 		return o, usagef("--ring-buffer-size %d: want a power of two of at least 4096", f.ringSize)
 	}
 	o.RingBufferSize = f.ringSize
+	if f.flowEntries < 1024 || f.flowEntries > 1<<22 {
+		return o, usagef("--flow-entries %d: want 1024 to %d", f.flowEntries, 1<<22)
+	}
+	o.FlowEntries = f.flowEntries
 	o.EmptyPrograms = f.emptyProgs
 	if f.readerNice < -20 || f.readerNice > 19 {
 		return o, usagef("--reader-nice %d: want -20 to 19", f.readerNice)

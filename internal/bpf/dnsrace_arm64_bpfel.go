@@ -16,6 +16,7 @@ import (
 type DnsraceAns struct {
 	_   structs.HostLayout
 	Qid uint64
+	Ts  uint64
 	Fk  DnsraceFlowKey
 }
 
@@ -146,6 +147,7 @@ const (
 	DnsraceEvKindEV_WINNER       DnsraceEvKind = 6
 	DnsraceEvKindEV_RCVBUF_FULL  DnsraceEvKind = 7
 	DnsraceEvKindEV_CT_NETNS     DnsraceEvKind = 8
+	DnsraceEvKindEV_UNTRACKED    DnsraceEvKind = 9
 )
 
 type DnsraceEventBuf struct {
@@ -319,6 +321,7 @@ const (
 	DnsraceRecFlagsRF_WINNER    DnsraceRecFlags = 4
 	DnsraceRecFlagsRF_SENDER    DnsraceRecFlags = 8
 	DnsraceRecFlagsRF_AT_DROP   DnsraceRecFlags = 16
+	DnsraceRecFlagsRF_UNTRACKED DnsraceRecFlags = 32
 )
 
 type DnsraceRecHdr struct {
@@ -367,7 +370,8 @@ const (
 	DnsraceStatIndexSTAT_RING_LOST      DnsraceStatIndex = 0
 	DnsraceStatIndexSTAT_FLOWS_NEW      DnsraceStatIndex = 1
 	DnsraceStatIndexSTAT_FLOWS_ANSWERED DnsraceStatIndex = 2
-	DnsraceStatIndexSTAT_MAX            DnsraceStatIndex = 3
+	DnsraceStatIndexSTAT_FLOWS_REFUSED  DnsraceStatIndex = 3
+	DnsraceStatIndexSTAT_MAX            DnsraceStatIndex = 4
 )
 
 type DnsraceTier uint32

@@ -212,13 +212,14 @@ type Correlator struct {
 		s string
 	}
 
-	nextID   uint64
-	lastNs   uint64
-	evicted  uint64
-	early    uint64
-	queries  uint64
-	answered uint64
-	lost     uint64
+	nextID    uint64
+	lastNs    uint64
+	evicted   uint64
+	early     uint64
+	untracked uint64
+	queries   uint64
+	answered  uint64
+	lost      uint64
 }
 
 // New returns a Correlator.
@@ -237,18 +238,21 @@ type Stats struct {
 	// InFlight: waiting for an answer now; Evicted: forgotten early
 	// because more than MaxQueries were in flight; StallsReportedEarly:
 	// stalls reported before their retry or QueryTTL (as not retried)
-	// because more than MaxStalls were in progress.
+	// because more than MaxStalls were in progress; Untracked: queries
+	// the kernel's flow table had no room for, whose answers cannot be
+	// matched (never taken for losses).
 	Queries             uint64 `json:"queries"`
 	Answered            uint64 `json:"answered"`
 	Lost                uint64 `json:"lost"`
 	InFlight            int    `json:"in_flight"`
 	Evicted             uint64 `json:"evicted"`
 	StallsReportedEarly uint64 `json:"stalls_reported_early"`
+	Untracked           uint64 `json:"untracked"`
 }
 
 func (c *Correlator) Stats() Stats {
 	return Stats{Queries: c.queries, Answered: c.answered, Lost: c.lost, InFlight: c.ix.pending, Evicted: c.evicted,
-		StallsReportedEarly: c.early}
+		StallsReportedEarly: c.early, Untracked: c.untracked}
 }
 
 // OldestOpen is the earliest start (CLOCK_MONOTONIC ns) of a stall not
@@ -412,7 +416,22 @@ func (c *Correlator) Handle(e *event.Event) {
 			netns: e.NetNS, ct: e.CT, timeNs: e.TimeNs, sentNs: e.TimeNs})
 	case event.KindRcvbufFull:
 		c.rcvbufFull(e)
+	case event.KindUntracked:
+		if q := c.ix.lookup(e.QID); q != nil {
+			c.untrack(q)
+		}
 	}
+}
+
+// untrack stops waiting for q's answer, which the kernel cannot match (its
+// table was full): an unanswered query unwatched is never a loss.
+func (c *Correlator) untrack(q *query) {
+	if q.state != statePending {
+		return
+	}
+	c.ix.setState(q, stateUnwatched)
+	c.ix.unpend(q)
+	c.untracked++
 }
 
 // newQuery starts following a query.
@@ -435,6 +454,10 @@ func (c *Correlator) newQuery(e *event.Event) {
 	q.nk = nameOf(q.netns, q.name, lookupOwner(q))
 	if e.Flags&event.FlagNoSocket != 0 {
 		q.state = stateUnwatched
+	}
+	if e.Flags&event.FlagUntracked != 0 {
+		q.state = stateUnwatched
+		c.untracked++
 	}
 	c.queries++
 	c.noteResend(q)

@@ -111,6 +111,7 @@ func TestEnumValues(t *testing.T) {
 		bpf.DnsraceEvKindEV_MERGED: KindMerged, bpf.DnsraceEvKindEV_NAT_CLASH: KindNATClash,
 		bpf.DnsraceEvKindEV_CT_FREED: KindCTFreed, bpf.DnsraceEvKindEV_WINNER: KindWinner,
 		bpf.DnsraceEvKindEV_RCVBUF_FULL: KindRcvbufFull, bpf.DnsraceEvKindEV_CT_NETNS: KindCTNetNS,
+		bpf.DnsraceEvKindEV_UNTRACKED: KindUntracked,
 	}
 	for c, g := range kinds {
 		var ev bpf.DnsraceRecEvent
@@ -136,6 +137,7 @@ func TestEnumValues(t *testing.T) {
 		bpf.DnsraceRecFlagsRF_NO_SOCKET: FlagNoSocket, bpf.DnsraceRecFlagsRF_RESPONSE: FlagResponse,
 		bpf.DnsraceRecFlagsRF_WINNER: FlagWinner,
 		bpf.DnsraceRecFlagsRF_SENDER: FlagSender, bpf.DnsraceRecFlagsRF_AT_DROP: FlagAtDrop,
+		bpf.DnsraceRecFlagsRF_UNTRACKED: FlagUntracked,
 	}
 	for c, g := range flags {
 		if int(c) != g {
@@ -144,7 +146,8 @@ func TestEnumValues(t *testing.T) {
 	}
 	stats := map[bpf.DnsraceStatIndex]int{
 		bpf.DnsraceStatIndexSTAT_RING_LOST: StatRingLost, bpf.DnsraceStatIndexSTAT_FLOWS_NEW: StatFlowsNew,
-		bpf.DnsraceStatIndexSTAT_FLOWS_ANSWERED: StatFlowsAnswered, bpf.DnsraceStatIndexSTAT_MAX: StatMax,
+		bpf.DnsraceStatIndexSTAT_FLOWS_ANSWERED: StatFlowsAnswered, bpf.DnsraceStatIndexSTAT_FLOWS_REFUSED: StatFlowsRefused,
+		bpf.DnsraceStatIndexSTAT_MAX: StatMax,
 	}
 	for c, g := range stats {
 		if int(c) != g {
@@ -467,7 +470,7 @@ func TestDecodeErrors(t *testing.T) {
 		}
 	}
 	var ev bpf.DnsraceRecEvent
-	for _, k := range []uint8{0, 9, 255} {
+	for _, k := range []uint8{0, uint8(bpf.DnsraceEvKindEV_UNTRACKED) + 1, 255} {
 		ev.Kind = k
 		if err := Decode(eventRecord(&ev, nil), &e); err != ErrBadKind {
 			t.Errorf("event kind %d: %v", k, err)

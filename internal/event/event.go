@@ -50,11 +50,15 @@ const (
 	// KindCTNetNS: the first DNS entry of namespace NetNS: its conntrack
 	// counters take part in the reconciliation from now on.
 	KindCTNetNS
+	// KindUntracked: the kernel's answers table had no room for QID's
+	// entry (NAT in its own namespace rewrites its answer): its answer
+	// will not be matched.
+	KindUntracked
 	kindMax
 )
 
 var kindNames = [...]string{"invalid", "query", "answer", "drop", "confirm_drop", "merged", "nat_clash",
-	"ct_freed", "winner", "rcvbuf_full", "ct_netns"}
+	"ct_freed", "winner", "rcvbuf_full", "ct_netns", "untracked"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
@@ -82,6 +86,9 @@ const (
 	// namespace dropped it, or a copy of another query after NAT that no
 	// earlier hop carried: a bridge flooded it).
 	FlagAtDrop = 1 << 4
+	// FlagUntracked: a query the kernel's flow table had no room for: its
+	// answer will not be matched.
+	FlagUntracked = 1 << 5
 )
 
 // Tier is the kind of BPF program that produced an event.
@@ -353,5 +360,8 @@ const (
 	StatFlowsNew = 1
 	// StatFlowsAnswered: flows ended because their answer arrived.
 	StatFlowsAnswered = 2
-	StatMax           = 3
+	// StatFlowsRefused: flows (and answers entries) a full table had no
+	// room for; their queries are untracked.
+	StatFlowsRefused = 3
+	StatMax          = 4
 )

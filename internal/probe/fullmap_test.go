@@ -21,37 +21,35 @@ import (
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
-// TestFreshFlowsSurviveFullMap: queries nobody answers (an upstream that
-// loses them, a rule that drops them) keep their flows until the LRU
-// evicts them, so on a node with steady loss the flow map is full and
-// every new query's insert evicts an entry. The entry evicted must be an
-// old unanswered one, never the flow of a query whose answer is still on
-// its way. Here the map (1,024 flows, and the LRU's per-CPU room on top:
-// addLRURoom) is filled four times over by queries
-// that a server takes and never answers and queries that a rule in its
-// namespace drops (hooks look their flows up after the insert: the
-// tracepoint tier's at the server's device, every tier's drop hook);
-// while more of those keep coming, 8 sockets with 16 queries each in
-// flight ask an answering server 4,096 times. Every answer must find its
-// query's flow in the kernel: an ANSWER record with the query's id. The
-// test checks that the map really was full and evicting the whole time
-// (evictions = flows the client namespace made - answered - still held);
-// with a map smaller than the queries in flight its tun case fails.
+// TestFullFlowTable: queries nobody answers (an upstream that loses them,
+// a rule that drops them) keep their flows until the sweeper removes them
+// (FlowMaxAge after their last sight), so on a node with steady loss the
+// flow table may fill. Nothing is lost unnoticed then: a query the full
+// table had no room for says so in its QUERY record (untracked, counted in
+// FlowsRefused), every other answered query gets its ANSWER record, the
+// sweeper evicts the oldest flows to make room (counted) so that fresh
+// queries are tracked again at its next sweep, and once older than
+// FlowMaxAge the unanswered flows are swept, leaving the table empty.
 //
-// The answering server is in the server namespace (veth), or behind a tun
-// device of the client namespace (tun): a server off the machine, as a
-// node's own resolver or NodeLocal DNSCache asks, where no hook of any
-// tier sees a query between its send and its answer.
-func TestFreshFlowsSurviveFullMap(t *testing.T) {
+// The table (1,024 flows) is filled four times over by queries that a
+// server takes and never answers and queries that a rule in its namespace
+// drops; while more of those keep coming, 8 sockets with 16 queries each
+// in flight ask an answering server 4,096 times. The answering server is
+// in the server namespace (veth), or behind a tun device of the client
+// namespace (tun): a server off the machine, as a node's own resolver or
+// NodeLocal DNSCache asks, where no hook of any tier sees a query between
+// its send and its answer.
+func TestFullFlowTable(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
-	t.Run("veth", func(t *testing.T) { freshFlowsSurviveFullMap(t, false) })
-	t.Run("tun", func(t *testing.T) { freshFlowsSurviveFullMap(t, true) })
+	t.Run("veth", func(t *testing.T) { fullFlowTable(t, false) })
+	t.Run("tun", func(t *testing.T) { fullFlowTable(t, true) })
 }
 
-func freshFlowsSurviveFullMap(t *testing.T, viaTun bool) {
+func fullFlowTable(t *testing.T, viaTun bool) {
 	const (
 		entries    = 1024
+		maxAge     = 2 * time.Second
 		silentPort = 5353 // taken, never answered
 		dropPort   = 5354 // dropped by a rule at the server
 		fill       = 4 * entries
@@ -71,17 +69,27 @@ func freshFlowsSurviveFullMap(t *testing.T, viaTun bool) {
 	nftRules(t, n.server, nftables.TableFamilyINet, nftables.ChainTypeFilter,
 		nftables.ChainHookInput, nftables.ChainPriorityFilter,
 		join(udpDport(dropPort), []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}})...)
-	tr := openTier(t, Options{Attach: testTier(t), Ports: []uint16{53, silentPort, dropPort}, FlowEntries: entries})
+	tr := openTier(t, Options{Attach: testTier(t), Ports: []uint16{53, silentPort, dropPort}, FlowEntries: entries, FlowMaxAge: maxAge})
 
 	// Counted in the client namespace only: other tests may run traffic
-	// on this machine meanwhile.
-	var answered atomic.Uint64
+	// on this machine meanwhile. The answered queries are those to port
+	// 53 of the answering server.
+	var asked, answers, untracked atomic.Uint64
 	ctx, cancel := context.WithCancel(context.Background())
 	readDone := make(chan error, 1)
 	go func() {
 		readDone <- tr.Read(ctx, func(e *event.Event) {
-			if e.Kind == event.KindAnswer && e.NetNS == n.clientIno && e.QID != 0 {
-				answered.Add(1)
+			if e.NetNS != n.clientIno {
+				return
+			}
+			switch {
+			case e.Kind == event.KindQuery && e.Packet.Dst.Port() == 53:
+				asked.Add(1)
+				if e.Flags&event.FlagUntracked != 0 {
+					untracked.Add(1)
+				}
+			case e.Kind == event.KindAnswer && e.QID != 0:
+				answers.Add(1)
 			}
 		}, nil)
 	}()
@@ -105,12 +113,15 @@ func freshFlowsSurviveFullMap(t *testing.T, viaTun bool) {
 			silentID++
 		}
 	}
+	refused0 := tr.Stats().FlowsRefused
 	sendSilent(fill)
 	// Flows are inserted in the sender's context, by the send or the
 	// first device, so they are all in once the writes returned.
-	heldBefore := held()
-	if heldBefore < entries*3/4 {
-		t.Fatalf("after %d unanswered queries the map holds %d of their flows: it has room for %d", fill, heldBefore, entries)
+	if h := held(); h < entries*3/4 {
+		t.Fatalf("after %d unanswered queries the table holds %d of their flows: it has room for %d", fill, h, entries)
+	}
+	if r := tr.Stats().FlowsRefused - refused0; r == 0 {
+		t.Fatalf("%d unanswered queries into a table of %d: none refused", fill, entries)
 	}
 
 	conns := make([]*net.UDPConn, sockets)
@@ -118,12 +129,8 @@ func freshFlowsSurviveFullMap(t *testing.T, viaTun bool) {
 		conns[i] = n.dial(t, "udp4", answerer, 53)
 	}
 	// One round: 16 queries on each socket, a burst of unanswered ones,
-	// then the 128 answers. So while a query waits for its answer at most
-	// 128 + 256 flows are inserted, well under the map's size: an LRU
-	// evicts older flows first.
-	buf := make([]byte, 512)
-	received, silentDuring := 0, 0
-	for r := range rounds {
+	// then the 128 answers.
+	round := func(r, burst int) {
 		for _, conn := range conns {
 			for i := range inFlight {
 				if _, err := conn.Write(queryWithID(t, uint16(r*inFlight+i))); err != nil {
@@ -132,34 +139,68 @@ func freshFlowsSurviveFullMap(t *testing.T, viaTun bool) {
 			}
 		}
 		sendSilent(burst)
-		silentDuring += burst
+		buf := make([]byte, 512)
 		for _, conn := range conns {
 			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 			for range inFlight {
 				if _, err := conn.Read(buf); err != nil {
 					t.Fatalf("answer: %v", err)
 				}
-				received++
 			}
 		}
 	}
-	asked := uint64(sockets * inFlight * rounds)
-	if received != int(asked) {
-		t.Fatalf("%d answers received of %d asked", received, asked)
+	// settled waits until every answered query sent so far is accounted
+	// for (answered, or untracked), or a few seconds.
+	settled := func(want uint64) {
+		deadline := time.Now().Add(5 * time.Second)
+		for asked.Load() < want || answers.Load()+untracked.Load() < asked.Load() {
+			if time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	for r := range rounds {
+		round(r, burst)
+	}
+	want := uint64(sockets * inFlight * rounds)
+	settled(want)
+	st := tr.Stats()
+	t.Logf("while full: %d answered queries asked, %d ANSWER records, %d untracked; table: %d refused, %d evicted, %d swept",
+		asked.Load(), answers.Load(), untracked.Load(), st.FlowsRefused-refused0, st.FlowsEvicted, st.FlowsSwept)
+	if got := asked.Load(); got != want {
+		t.Fatalf("%d QUERY records for %d answered queries (%d records lost)", got, want, tr.Lost())
+	}
+	if a, u := answers.Load(), untracked.Load(); a+u != want {
+		t.Errorf("%d ANSWER records and %d untracked queries for %d answered queries: %d lost unnoticed", a, u, want, want-a-u)
 	}
 
-	deadline := time.Now().Add(5 * time.Second)
-	for answered.Load() < asked && time.Now().Before(deadline) {
+	// The sweeper makes room (younger than maxAge, the flows are evicted,
+	// not swept), and then every fresh query is tracked and answered.
+	deadline := time.Now().Add(maxAge)
+	for held() > entries*3/4 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	heldAfter := held()
-	evicted := silentDuring + int(asked) - int(answered.Load()) - (heldAfter - heldBefore)
-	t.Logf("while answered: %d unanswered queries more, %d flows evicted, %d held (%d flows and the LRU's room)", silentDuring, evicted, heldAfter, entries)
-	if evicted < silentDuring/2 {
-		t.Errorf("%d flows evicted while %d unanswered queries were added to a full map: it was not evicting", evicted, silentDuring)
+	if h, ev := held(), tr.Stats().FlowsEvicted; h > entries*3/4 || ev == 0 {
+		t.Errorf("the sweeper made no room in a full table: %d flows held, %d evicted", h, ev)
 	}
-	if got := answered.Load(); got != asked {
-		t.Errorf("%d ANSWER records for %d answered queries: the others' flows were evicted before their answers (%d records lost)", got, asked, tr.Lost())
+	a0, u0 := answers.Load(), untracked.Load()
+	round(rounds, 0)
+	settled(want + sockets*inFlight)
+	if a, u := answers.Load()-a0, untracked.Load()-u0; a != sockets*inFlight || u != 0 {
+		t.Errorf("after the sweeper made room: %d ANSWER records, %d untracked of %d queries, want every one answered", a, u, sockets*inFlight)
+	}
+
+	// Nothing asked any more: every flow is swept once older than maxAge.
+	deadline = time.Now().Add(maxAge + 3*sweepEvery)
+	for held() > 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if h := held(); h != 0 {
+		t.Errorf("%d flows still held %v after the last query (FlowMaxAge %v)", h, maxAge+3*sweepEvery, maxAge)
+	}
+	if tr.Stats().FlowsSwept == 0 {
+		t.Errorf("no flow swept")
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
@@ -27,6 +28,11 @@ import (
 // take about 190 bytes), half a second of the fastest flood this project's
 // machines make.
 const DefaultRingBufferSize = 32 << 20
+
+// DefaultFlowEntries is the flow table's size: queries awaiting their
+// answer, and the unanswered ones of the last FlowMaxAge. Preallocated, an
+// entry is about 150 bytes of kernel memory.
+const DefaultFlowEntries = 32768
 
 // MaxPorts is how many DNS ports Options.Ports may list.
 const MaxPorts = 8
@@ -61,10 +67,13 @@ type Options struct {
 	// traced.
 	EmptyPrograms bool
 	// FlowEntries is how many flows (queries awaiting their answer) the
-	// LRU map of flows holds; 0 keeps the object's 32,768. The map gets
-	// the LRU's per-CPU room on top (addLRURoom). Tests shrink it to fill
+	// flow table holds; 0 is DefaultFlowEntries. Tests shrink it to fill
 	// it.
 	FlowEntries uint32
+	// FlowMaxAge is how long a flow nobody answered stays in the table
+	// after its last sight (the sweeper: sweep.go); 0 is
+	// DefaultFlowMaxAge.
+	FlowMaxAge time.Duration
 	// KprobeMulti attaches the kprobe tier through kprobe.multi links
 	// (fprobe, 5.18+, CONFIG_FPROBE) even where legacy kprobes work;
 	// where they are compiled out (no CONFIG_KPROBES) kprobe.multi is
@@ -125,6 +134,7 @@ type Tracer struct {
 	ev        event.Event
 	batches   []*batch // Read's, made by the first
 	nice      int      // Options.ReaderNice
+	sweeper   *sweeper
 	malformed atomic.Uint64
 	bytes     atomic.Uint64 // record bytes read
 
@@ -212,6 +222,9 @@ func Open(opts Options) (*Tracer, error) {
 		return nil, fmt.Errorf("opening the ring buffer reader: %w", err)
 	}
 	t.nice = opts.ReaderNice
+	if t.sweeper, err = startSweeper(t.maps[bpf.DnsraceMapFlows], t.maps[bpf.DnsraceMapAnswers], l.cfg.Hz, opts.FlowMaxAge); err != nil {
+		return nil, err
+	}
 	ok = true
 	return t, nil
 }
@@ -254,9 +267,12 @@ func newLoader(opts Options) (*loader, error) {
 		return nil, fmt.Errorf("loading the embedded BPF object: %w", err)
 	}
 	spec.Maps[bpf.DnsraceMapEvents].MaxEntries = opts.RingBufferSize
-	if opts.FlowEntries != 0 {
-		spec.Maps[bpf.DnsraceMapFlows].MaxEntries = opts.FlowEntries
+	if opts.FlowEntries == 0 {
+		opts.FlowEntries = DefaultFlowEntries
 	}
+	// answers holds the flows whose answers NAT rewrites: at most as many
+	spec.Maps[bpf.DnsraceMapFlows].MaxEntries = opts.FlowEntries
+	spec.Maps[bpf.DnsraceMapAnswers].MaxEntries = opts.FlowEntries
 	if err := addLRURoom(spec); err != nil {
 		return nil, err
 	}
@@ -664,9 +680,15 @@ type Stats struct {
 	// Lost: records the ring buffer had no room for.
 	Lost uint64
 	// FlowsNew: queries first seen; FlowsAnswered: flows ended by their
-	// answer. The rest were evicted from the LRU map unanswered, or are
-	// still in it (FlowsLive).
+	// answer. The rest ended unanswered (a drop at their server, a resend
+	// that took their place, swept), or are still in the table
+	// (FlowsLive).
 	FlowsNew, FlowsAnswered uint64
+	// FlowsRefused: flows and answers entries a full table had no room
+	// for (their queries untracked); FlowsSwept: entries the sweeper
+	// removed once older than FlowMaxAge; FlowsEvicted: younger ones it
+	// removed to make room.
+	FlowsRefused, FlowsSwept, FlowsEvicted uint64
 }
 
 // Stats sums the kernel side's per-CPU counters (zero once closed).
@@ -678,6 +700,9 @@ func (t *Tracer) Stats() Stats {
 	if m == nil || t.closed {
 		return s
 	}
+	if t.sweeper != nil {
+		s.FlowsSwept, s.FlowsEvicted = t.sweeper.swept.Load(), t.sweeper.evicted.Load()
+	}
 	var per []uint64
 	for _, c := range []struct {
 		index uint32
@@ -686,6 +711,7 @@ func (t *Tracer) Stats() Stats {
 		{event.StatRingLost, &s.Lost},
 		{event.StatFlowsNew, &s.FlowsNew},
 		{event.StatFlowsAnswered, &s.FlowsAnswered},
+		{event.StatFlowsRefused, &s.FlowsRefused},
 	} {
 		if m.Lookup(c.index, &per) != nil {
 			continue
@@ -764,6 +790,9 @@ func (t *Tracer) Close() error {
 		return nil
 	}
 	t.closed = true
+	if t.sweeper != nil {
+		t.sweeper.stop()
+	}
 	var errs []error
 	if t.rd != nil {
 		errs = append(errs, t.rd.Close())

@@ -28,6 +28,29 @@ var commonRates = []float64{100, 250, 300, 1000}
 // tickSample apart, against CLOCK_MONOTONIC. A rate within 10% of a
 // common one is that one. It blocks for tickSample.
 func TickRate() (uint32, error) {
+	j, err := newJiffies()
+	if err != nil {
+		return 0, err
+	}
+	defer j.Close()
+	j0, t0, err := j.read()
+	if err != nil {
+		return 0, err
+	}
+	time.Sleep(tickSample)
+	j1, t1, err := j.read()
+	if err != nil {
+		return 0, err
+	}
+	return snapRate(float64(j1-j0) / t1.Sub(t0).Seconds())
+}
+
+// jiffies reads the kernel's jiffies from user space: a socket filter
+// that returns bpf_jiffies64, run on demand (its low 32 bits: what a
+// difference of less than 49 days needs).
+type jiffies struct{ prog *ebpf.Program }
+
+func newJiffies() (*jiffies, error) {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:    "dnsrace_jiffies",
 		Type:    ebpf.SocketFilter,
@@ -38,25 +61,23 @@ func TickRate() (uint32, error) {
 		},
 	})
 	if err != nil {
-		return 0, fmt.Errorf("loading a program that reads jiffies (bpf_jiffies64, Linux 5.5+): %w", err)
+		return nil, fmt.Errorf("loading a program that reads jiffies (bpf_jiffies64, Linux 5.5+): %w", err)
 	}
-	defer prog.Close()
-	packet := make([]byte, 14) // an Ethernet header's worth: the least a test run takes
-	read := func() (uint32, time.Time, error) {
-		ret, err := prog.Run(&ebpf.RunOptions{Data: packet})
-		return ret, time.Now(), err
-	}
-	j0, t0, err := read()
-	if err != nil {
-		return 0, fmt.Errorf("running a program that reads jiffies: %w", err)
-	}
-	time.Sleep(tickSample)
-	j1, t1, err := read()
-	if err != nil {
-		return 0, fmt.Errorf("running a program that reads jiffies: %w", err)
-	}
-	return snapRate(float64(j1-j0) / t1.Sub(t0).Seconds())
+	return &jiffies{prog: prog}, nil
 }
+
+// packet is an Ethernet header's worth: the least a test run takes.
+var packet = make([]byte, 14)
+
+func (j *jiffies) read() (uint32, time.Time, error) {
+	ret, err := j.prog.Run(&ebpf.RunOptions{Data: packet})
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("running a program that reads jiffies: %w", err)
+	}
+	return ret, time.Now(), nil
+}
+
+func (j *jiffies) Close() error { return j.prog.Close() }
 
 // snapRate is measured as a whole rate: the nearest common rate if one is
 // within 10%, else measured rounded.

@@ -529,14 +529,20 @@ type Summary struct {
 
 // KernelFlows are the kernel side's counts of the flows it followed: every
 // query first seen starts one, its answer ends it. The rest are still in
-// the LRU map (Live), or ended unanswered: replaced by a resend of the same
-// query (same socket and DNS id), or evicted from the map by newer flows.
-// Only unanswered queries ever leave that way.
+// the flow table (Live), or ended unanswered: dropped at their server,
+// replaced by a resend of the same query (same socket and DNS id), or
+// swept once older than any answer can be. Only unanswered queries ever
+// leave that way, except those the table's sweeper evicted early to make
+// room (Evicted), and none got a flow if the table was full (Refused:
+// those queries are untracked, never taken for losses).
 type KernelFlows struct {
 	Started    uint64 `json:"started"`
 	Answered   uint64 `json:"answered"`
 	Live       uint64 `json:"live"`
 	Unanswered uint64 `json:"ended_unanswered"`
+	Swept      uint64 `json:"swept"`
+	Evicted    uint64 `json:"evicted"`
+	Refused    uint64 `json:"refused"`
 }
 
 // NamespaceSummary is the reconciliation of one namespace.
@@ -606,7 +612,8 @@ func (s *Session) Stop() *Summary {
 		_ = s.buf.Flush()
 		sum := s.reconcile("summary", s.snap.Load(), s.tracer.Lost())
 		st := s.tracer.Stats()
-		kf := &KernelFlows{Started: st.FlowsNew, Answered: st.FlowsAnswered, Live: s.tracer.FlowsLive()}
+		kf := &KernelFlows{Started: st.FlowsNew, Answered: st.FlowsAnswered, Live: s.tracer.FlowsLive(),
+			Swept: st.FlowsSwept, Evicted: st.FlowsEvicted, Refused: st.FlowsRefused}
 		if n := kf.Started - kf.Answered; n > kf.Live {
 			kf.Unanswered = n - kf.Live
 		}

@@ -409,8 +409,12 @@ func FormatSummary(s *Summary) string {
 			total, strings.Join(names, ", "))
 	}
 	if f := s.KernelFlows; f != nil {
-		fmt.Fprintf(&b, "  kernel flow table: %d queries started, %d ended by their answer, %d ended unanswered (resent or evicted), %d open at the end\n",
+		fmt.Fprintf(&b, "  kernel flow table: %d queries started, %d ended by their answer, %d ended unanswered (dropped at their server, resent or swept), %d open at the end\n",
 			f.Started, f.Answered, f.Unanswered, f.Live)
+		if f.Refused > 0 || f.Evicted > 0 {
+			fmt.Fprintf(&b, "  flow table full: %d queries untracked (no room: their answers not matched, none taken for a loss), %d flows evicted young to make room (their late answers not matched); --flow-entries makes it larger\n",
+				f.Refused, f.Evicted)
+		}
 	}
 	if s.NamespacesReleased > 0 {
 		fmt.Fprintf(&b, "  namespaces let go of once nothing else held them: %d (their counters as read just before are in the table above); held now: %d\n",

@@ -1,0 +1,212 @@
+package probe
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/dnsrace/dnsrace/internal/bpf"
+)
+
+// The flow table (flows, and answers where NAT rewrites answers in the
+// asking namespace) is a plain hash map: the programs insert a query's
+// entry and delete it at its answer, and nothing else ever deletes the
+// entries of queries never answered. The sweeper does, from user space:
+// an entry last seen longer ago than any answer can come (FlowMaxAge) is
+// swept. A table past sweepHigh full, with queries lost faster than they
+// age out, has its oldest entries evicted down to sweepLow, counted:
+// their late answers, if any, are not matched. Between sweeps a burst can
+// still fill it; the programs then refuse new entries and say so
+// (STAT_FLOWS_REFUSED, and the query untracked).
+
+const (
+	// DefaultFlowMaxAge outlives the correlator's QueryTTL (12 s), after
+	// which an unanswered query is lost whatever comes.
+	DefaultFlowMaxAge = 15 * time.Second
+	// sweepEvery is the sweeper's period; sweepBusy its period while the
+	// table is more than sweepLow full.
+	sweepEvery = time.Second
+	sweepBusy  = 100 * time.Millisecond
+	// sweepHigh and sweepLow are fractions of the table's size.
+	sweepHigh = 0.75
+	sweepLow  = 0.5
+	// sweepBatch is how many entries one batch call reads.
+	sweepBatch = 1024
+)
+
+// sweeper removes the flow table's entries nobody will delete.
+type sweeper struct {
+	j      *jiffies
+	hz     uint32
+	maxAge uint32 // in jiffies
+	tables []sweepTable
+
+	swept, evicted atomic.Uint64
+
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+}
+
+// sweepTable is one map the sweeper looks after.
+type sweepTable interface {
+	// sweep deletes the entries older than maxAge jiffies at now, then,
+	// past sweepHigh full, the oldest down to sweepLow; it returns how
+	// many it swept and evicted and how full it left the table.
+	sweep(now, maxAge uint32) (swept, evicted int, full float64, err error)
+}
+
+// startSweeper sweeps flows and answers every sweepEvery until stop.
+func startSweeper(flows, answers *ebpf.Map, hz uint32, maxAge time.Duration) (*sweeper, error) {
+	j, err := newJiffies()
+	if err != nil {
+		return nil, err
+	}
+	if maxAge <= 0 {
+		maxAge = DefaultFlowMaxAge
+	}
+	s := &sweeper{j: j, hz: hz, maxAge: uint32(maxAge.Seconds() * float64(hz))}
+	if flows != nil {
+		s.tables = append(s.tables, &table[bpf.DnsraceFlowKey, bpf.DnsraceFlow]{m: flows,
+			ts: func(v *bpf.DnsraceFlow) uint64 { return v.Ts }})
+	}
+	if answers != nil {
+		s.tables = append(s.tables, &table[bpf.DnsraceAnsKey, bpf.DnsraceAns]{m: answers,
+			ts: func(v *bpf.DnsraceAns) uint64 { return v.Ts }})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.done.Add(1)
+	go s.run(ctx)
+	return s, nil
+}
+
+func (s *sweeper) run(ctx context.Context) {
+	defer s.done.Done()
+	wait := sweepEvery
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		full, err := s.once()
+		if err != nil {
+			// A map that cannot be read now (the tracer closing) is
+			// tried again at the next period.
+			full = 0
+		}
+		wait = sweepEvery
+		if full > sweepLow {
+			wait = sweepBusy
+		}
+	}
+}
+
+// once sweeps every table once; it returns the fullest table's fill.
+func (s *sweeper) once() (float64, error) {
+	now, _, err := s.j.read()
+	if err != nil {
+		return 0, err
+	}
+	var fullest float64
+	var errs []error
+	for _, t := range s.tables {
+		swept, evicted, full, err := t.sweep(now, s.maxAge)
+		s.swept.Add(uint64(swept))
+		s.evicted.Add(uint64(evicted))
+		fullest = max(fullest, full)
+		errs = append(errs, err)
+	}
+	return fullest, errors.Join(errs...)
+}
+
+// stop ends the sweeps and waits for the one running.
+func (s *sweeper) stop() {
+	s.cancel()
+	s.done.Wait()
+	s.j.Close()
+}
+
+// table is a hash map of keys K and values V whose ts says, in jiffies,
+// when the entry was last seen.
+type table[K comparable, V any] struct {
+	m    *ebpf.Map
+	ts   func(*V) uint64
+	keys []K
+	vals []V
+	old  []K
+	all  []aged[K]
+}
+
+type aged[K any] struct {
+	k   K
+	age uint32
+}
+
+func (t *table[K, V]) sweep(now, maxAge uint32) (swept, evicted int, full float64, err error) {
+	if t.keys == nil {
+		t.keys, t.vals = make([]K, sweepBatch), make([]V, sweepBatch)
+	}
+	t.old, t.all = t.old[:0], t.all[:0]
+	var c ebpf.MapBatchCursor
+	for {
+		n, err := t.m.BatchLookup(&c, t.keys, t.vals, nil)
+		for i := range n {
+			// The difference of the low halves is the age, wrapped
+			// or not; an entry made after now (on another CPU, during
+			// the walk) is younger than 0, not 49 days old.
+			age := uint32(max(int32(now-uint32(t.ts(&t.vals[i]))), 0))
+			if age > maxAge {
+				t.old = append(t.old, t.keys[i])
+			} else {
+				t.all = append(t.all, aged[K]{t.keys[i], age})
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	swept = t.delete(t.old)
+	size := int(t.m.MaxEntries())
+	if float64(len(t.all)) > sweepHigh*float64(size) {
+		slices.SortFunc(t.all, func(a, b aged[K]) int { return cmp.Compare(b.age, a.age) })
+		t.old = t.old[:0]
+		for _, e := range t.all[:len(t.all)-int(sweepLow*float64(size))] {
+			t.old = append(t.old, e.k)
+		}
+		evicted = t.delete(t.old)
+	}
+	return swept, evicted, float64(len(t.all)-evicted) / float64(size), nil
+}
+
+// delete deletes keys, skipping those gone meanwhile (answered), and
+// returns how many it deleted. A key answered and asked again with the
+// same socket and id between the lookup and the delete (a resend, more
+// than the table's age after the last one) would go with it: its answer
+// is then not matched.
+func (t *table[K, V]) delete(keys []K) int {
+	deleted := 0
+	for len(keys) > 0 {
+		n, err := t.m.BatchDelete(keys, nil)
+		deleted += n
+		if err == nil || n >= len(keys) {
+			break
+		}
+		// The batch stops at the first key it could not delete: gone
+		// meanwhile, or a kernel without batch deletes (one at a time).
+		if !errors.Is(err, ebpf.ErrKeyNotExist) && t.m.Delete(keys[n]) == nil {
+			deleted++
+		}
+		keys = keys[n+1:]
+	}
+	return deleted
+}
