@@ -670,3 +670,26 @@ func TestYoungQueriesJoinTheirNameLate(t *testing.T) {
 		t.Fatalf("an evicted query was taken for lost: %+v %+v", st, h2.incidents)
 	}
 }
+
+// A query the kernel's full flow table could not keep (its QUERY record
+// says untracked, or a later record does) has no answer to wait for: never
+// a loss, counted.
+func TestUntrackedQueryIsNoLoss(t *testing.T) {
+	h := newHarness(t, nil)
+	h.qid++
+	e := &event.Event{Kind: event.KindQuery, Flags: event.FlagSender | event.FlagUntracked, QID: h.qid, TimeNs: 0, NetNS: podA,
+		Packet: event.Tuple{Src: srcA, Dst: vip, Proto: 17}, Tier: event.TierFentry, PID: 4242}
+	e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, 1, dns.TypeA
+	e.DNS.SetQName("svc-00.lab.test")
+	h.handle(e)
+	later := h.query(ms, podB, srcB, 2, dns.TypeA)
+	h.handle(&event.Event{Kind: event.KindUntracked, QID: later, TimeNs: 2 * ms, NetNS: podB})
+	h.c.Tick(20 * uint64(time.Second))
+	h.c.Close(21 * uint64(time.Second))
+	if len(h.incidents) != 0 {
+		t.Errorf("incidents for untracked queries: %+v", h.incidents)
+	}
+	if st := h.c.Stats(); st.Untracked != 2 || st.Lost != 0 || st.InFlight != 0 {
+		t.Errorf("stats %+v, want 2 untracked, none lost or in flight", st)
+	}
+}
