@@ -217,9 +217,12 @@ type Correlator struct {
 	evicted   uint64
 	early     uint64
 	untracked uint64
-	queries   uint64
-	answered  uint64
-	lost      uint64
+	// earlyUntracked: queries reported untracked before their QUERY
+	// record, when the report came (untrackLater)
+	earlyUntracked map[uint64]uint64
+	queries        uint64
+	answered       uint64
+	lost           uint64
 }
 
 // New returns a Correlator.
@@ -228,7 +231,7 @@ func New(cfg Config) *Correlator {
 	return &Correlator{cfg: cfg, seed: maphash.MakeSeed(), ix: newIndex(),
 		stalls: map[*stall]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned),
 		latest: new([resendSlots]resendSlot), latestByNS: new([latestSlots]latestRef), history: new([historySlots]historySet),
-		late: map[nameKey]lateIncident{}, byID: new([byIDSlots]byIDRef), copies: map[uint64]copied{}, lastAnswers: new([lastAnswerSlots]lastAnswer)}
+		late: map[nameKey]lateIncident{}, byID: new([byIDSlots]byIDRef), copies: map[uint64]copied{}, earlyUntracked: map[uint64]uint64{}, lastAnswers: new([lastAnswerSlots]lastAnswer)}
 }
 
 // Stats are the correlator's own counts.
@@ -419,6 +422,10 @@ func (c *Correlator) Handle(e *event.Event) {
 	case event.KindUntracked:
 		if q := c.ix.lookup(e.QID); q != nil {
 			c.untrack(q)
+		} else {
+			// Its QUERY record may still be on its way (the report
+			// comes from the table's sweeper, not the ring).
+			c.untrackLater(e.QID)
 		}
 	}
 }
@@ -432,6 +439,35 @@ func (c *Correlator) untrack(q *query) {
 	c.ix.setState(q, stateUnwatched)
 	c.ix.unpend(q)
 	c.untracked++
+}
+
+// untrackLater remembers qid, reported untracked before its QUERY record
+// was read, for a while: most such reports are of queries ended and
+// forgotten already.
+func (c *Correlator) untrackLater(qid uint64) {
+	if len(c.earlyUntracked) >= maxEarlyUntracked {
+		clear(c.earlyUntracked)
+	}
+	c.earlyUntracked[qid] = c.lastNs
+}
+
+// maxEarlyUntracked bounds the queries reported untracked before their
+// QUERY record; earlyUntrackedFor is how long one is remembered.
+const (
+	maxEarlyUntracked = 1 << 16
+	earlyUntrackedFor = uint64(2 * time.Second)
+)
+
+// untrackedEarly: qid was reported untracked before its QUERY record.
+func (c *Correlator) untrackedEarly(qid uint64) bool {
+	if len(c.earlyUntracked) == 0 {
+		return false
+	}
+	if _, ok := c.earlyUntracked[qid]; ok {
+		delete(c.earlyUntracked, qid)
+		return true
+	}
+	return false
 }
 
 // newQuery starts following a query.
@@ -455,7 +491,7 @@ func (c *Correlator) newQuery(e *event.Event) {
 	if e.Flags&event.FlagNoSocket != 0 {
 		q.state = stateUnwatched
 	}
-	if e.Flags&event.FlagUntracked != 0 {
+	if e.Flags&event.FlagUntracked != 0 || c.untrackedEarly(e.QID) {
 		q.state = stateUnwatched
 		c.untracked++
 	}
@@ -486,6 +522,11 @@ func (c *Correlator) Tick(now uint64) {
 	c.expire(now)
 	c.emitLingering(now, false)
 	c.forgetCopies(now)
+	for qid, at := range c.earlyUntracked {
+		if at+earlyUntrackedFor < now {
+			delete(c.earlyUntracked, qid)
+		}
+	}
 	// A tick may empty the drops' log and the next refill it: shrunk at
 	// every tick, a flood of drops regrew it (copying) as often.
 	if now >= c.compactAt {

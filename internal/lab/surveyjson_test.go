@@ -14,7 +14,7 @@ import (
 const SurveyJSONMarker = "DNSRACE-SURVEY-JSON "
 
 // TestSurveyJSON is `dnsrace lab survey --json` for a machine that can run
-// only test binaries: scripts/vmtest's guest, which saves its console
+// only test binaries: the VM harness's guest (cmd/vmtest), which saves its console
 // (docs/vmtest.md). It runs every scenario three times with the resolver
 // DNSRACE_TEST_RESOLVER names in place of glibc (the guest sets it: under
 // emulation glibc is too slow to race) and prints the result as one line
@@ -23,7 +23,7 @@ const SurveyJSONMarker = "DNSRACE-SURVEY-JSON "
 func TestSurveyJSON(t *testing.T) {
 	resolver := os.Getenv("DNSRACE_TEST_RESOLVER")
 	if resolver == "" {
-		t.Skip("a tool, not a check: runs when DNSRACE_TEST_RESOLVER is set (scripts/vmtest's guest sets it)")
+		t.Skip("a tool, not a check: runs when DNSRACE_TEST_RESOLVER is set (the VM harness's guest (cmd/vmtest) sets it)")
 	}
 	testutil.RequireRoot(t)
 	res, err := Survey(context.Background(), SurveyConfig{

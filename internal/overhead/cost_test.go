@@ -11,7 +11,7 @@ import (
 )
 
 // TestCostCases runs `dnsrace bench`'s cost cases in the tier this test
-// binary was given (DNSRACE_TEST_TIER), so scripts/vmtest can measure the
+// binary was given (DNSRACE_TEST_TIER), so cmd/vmtest can measure the
 // fentry and kprobe tiers inside a guest, where the host cannot attach
 // them. It runs only when asked, with the dnsrace binary in DNSRACE_BIN
 // (the guest's /usr/bin/dnsrace):

@@ -39,7 +39,7 @@ func dnsraceBinary(t *testing.T) string {
 // counts: each program may run at most once at each hook point its path
 // crosses, and nowhere else. Counts hold under emulation, so the VM
 // matrix runs it in every tier on every kernel; each case is logged as a
-// RUNS line (scripts/vmtest collects them).
+// RUNS line (cmd/vmtest collects them).
 //
 // The lab (internal/lab): pod0 - veth - br0 on the node - routed - veth -
 // the dns namespace. A forwarded packet crosses two egress devices (pod0's
@@ -92,7 +92,7 @@ func TestRunsPerUnit(t *testing.T) {
 	}
 }
 
-// runsRecord is one case's counts on one line, for scripts/vmtest:
+// runsRecord is one case's counts on one line, for cmd/vmtest:
 // RUNS kernel=K tier=T case=C unit=U total=N prog=N ...
 func runsRecord(tier, name string, r *Runs) string {
 	var b strings.Builder

@@ -26,9 +26,10 @@ import (
 // (FlowMaxAge after their last sight), so on a node with steady loss the
 // flow table may fill. Nothing is lost unnoticed then: a query the full
 // table had no room for says so in its QUERY record (untracked, counted in
-// FlowsRefused), every other answered query gets its ANSWER record, the
-// sweeper evicts the oldest flows to make room (counted) so that fresh
-// queries are tracked again at its next sweep, and once older than
+// FlowsRefused), the sweeper evicts the oldest flows to make room
+// (counted, and each evicted query reported untracked) so that fresh
+// queries are tracked again at its next sweep, every other answered query
+// gets its ANSWER record, and once older than
 // FlowMaxAge the unanswered flows are swept, leaving the table empty.
 //
 // The table (1,024 flows) is filled four times over by queries that a
@@ -74,18 +75,22 @@ func fullFlowTable(t *testing.T, viaTun bool) {
 	// Counted in the client namespace only: other tests may run traffic
 	// on this machine meanwhile. The answered queries are those to port
 	// 53 of the answering server.
+	// An answered query is untracked when its QUERY record says so or
+	// the sweeper evicts its flow (a KindUntracked event, no namespace).
 	var asked, answers, untracked atomic.Uint64
+	ours := map[uint64]bool{} // the answered queries' qids (the reader's)
 	ctx, cancel := context.WithCancel(context.Background())
 	readDone := make(chan error, 1)
 	go func() {
 		readDone <- tr.Read(ctx, func(e *event.Event) {
-			if e.NetNS != n.clientIno {
-				return
-			}
 			switch {
+			case e.Kind == event.KindUntracked && ours[e.QID]:
+				untracked.Add(1)
+			case e.NetNS != n.clientIno:
 			case e.Kind == event.KindQuery && e.Packet.Dst.Port() == 53:
 				asked.Add(1)
-				if e.Flags&event.FlagUntracked != 0 {
+				ours[e.QID] = e.Flags&event.FlagUntracked == 0
+				if !ours[e.QID] {
 					untracked.Add(1)
 				}
 			case e.Kind == event.KindAnswer && e.QID != 0:

@@ -603,7 +603,7 @@ func TestKernelBTFOption(t *testing.T) {
 	}
 }
 
-// testTier is the tier the VM harness (scripts/vmtest) forces, default
+// testTier is the tier the VM harness (cmd/vmtest) forces, default
 // tracepoint.
 func testTier(t *testing.T) event.Tier {
 	s := os.Getenv("DNSRACE_TEST_TIER")

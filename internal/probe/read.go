@@ -91,6 +91,14 @@ func (t *Tracer) Read(ctx context.Context, fn func(*event.Event), idle func()) e
 			}
 			fn(&t.ev)
 		}
+		if t.sweeper != nil {
+			// Flows the sweeper evicted young: their queries' answers
+			// will not be matched.
+			for _, qid := range t.sweeper.takeEvicted() {
+				t.ev = event.Event{Kind: event.KindUntracked, QID: qid}
+				fn(&t.ev)
+			}
+		}
 		if b.idle && idle != nil {
 			idle()
 		}

@@ -21,7 +21,8 @@ import (
 // an entry last seen longer ago than any answer can come (FlowMaxAge) is
 // swept. A table past sweepHigh full, with queries lost faster than they
 // age out, has its oldest entries evicted down to sweepLow, counted:
-// their late answers, if any, are not matched. Between sweeps a burst can
+// their late answers, if any, are not matched, and Read reports each such
+// query untracked (event.KindUntracked). Between sweeps a burst can
 // still fill it; the programs then refuse new entries and say so
 // (STAT_FLOWS_REFUSED, and the query untracked).
 
@@ -49,6 +50,11 @@ type sweeper struct {
 
 	swept, evicted atomic.Uint64
 
+	// The queries whose flows were evicted, until Read reports them.
+	mu      sync.Mutex
+	young   []uint64
+	pending atomic.Bool
+
 	cancel context.CancelFunc
 	done   sync.WaitGroup
 }
@@ -56,9 +62,10 @@ type sweeper struct {
 // sweepTable is one map the sweeper looks after.
 type sweepTable interface {
 	// sweep deletes the entries older than maxAge jiffies at now, then,
-	// past sweepHigh full, the oldest down to sweepLow; it returns how
-	// many it swept and evicted and how full it left the table.
-	sweep(now, maxAge uint32) (swept, evicted int, full float64, err error)
+	// past sweepHigh full, the oldest down to sweepLow, appending their
+	// queries to evicted; it returns how many it swept and evicted and
+	// how full it left the table.
+	sweep(now, maxAge uint32, evicted *[]uint64) (swept, nEvicted int, full float64, err error)
 }
 
 // startSweeper sweeps flows and answers every sweepEvery until stop.
@@ -73,11 +80,11 @@ func startSweeper(flows, answers *ebpf.Map, hz uint32, maxAge time.Duration) (*s
 	s := &sweeper{j: j, hz: hz, maxAge: uint32(maxAge.Seconds() * float64(hz))}
 	if flows != nil {
 		s.tables = append(s.tables, &table[bpf.DnsraceFlowKey, bpf.DnsraceFlow]{m: flows,
-			ts: func(v *bpf.DnsraceFlow) uint64 { return v.Ts }})
+			ts: func(v *bpf.DnsraceFlow) (uint64, uint64) { return v.Ts, v.Qid }})
 	}
 	if answers != nil {
 		s.tables = append(s.tables, &table[bpf.DnsraceAnsKey, bpf.DnsraceAns]{m: answers,
-			ts: func(v *bpf.DnsraceAns) uint64 { return v.Ts }})
+			ts: func(v *bpf.DnsraceAns) (uint64, uint64) { return v.Ts, v.Qid }})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -116,14 +123,35 @@ func (s *sweeper) once() (float64, error) {
 	}
 	var fullest float64
 	var errs []error
+	var evicted []uint64
 	for _, t := range s.tables {
-		swept, evicted, full, err := t.sweep(now, s.maxAge)
+		swept, n, full, err := t.sweep(now, s.maxAge, &evicted)
 		s.swept.Add(uint64(swept))
-		s.evicted.Add(uint64(evicted))
+		s.evicted.Add(uint64(n))
 		fullest = max(fullest, full)
 		errs = append(errs, err)
 	}
+	if len(evicted) > 0 {
+		s.mu.Lock()
+		s.young = append(s.young, evicted...)
+		s.mu.Unlock()
+		s.pending.Store(true)
+	}
 	return fullest, errors.Join(errs...)
+}
+
+// takeEvicted returns the queries whose flows were evicted since its last
+// call.
+func (s *sweeper) takeEvicted() []uint64 {
+	if !s.pending.Load() {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.young
+	s.young = nil
+	s.pending.Store(false)
+	return q
 }
 
 // stop ends the sweeps and waits for the one running.
@@ -134,10 +162,10 @@ func (s *sweeper) stop() {
 }
 
 // table is a hash map of keys K and values V whose ts says, in jiffies,
-// when the entry was last seen.
+// when the entry was last seen, and for which query.
 type table[K comparable, V any] struct {
 	m    *ebpf.Map
-	ts   func(*V) uint64
+	ts   func(*V) (jiffies, qid uint64)
 	keys []K
 	vals []V
 	old  []K
@@ -147,9 +175,10 @@ type table[K comparable, V any] struct {
 type aged[K any] struct {
 	k   K
 	age uint32
+	qid uint64
 }
 
-func (t *table[K, V]) sweep(now, maxAge uint32) (swept, evicted int, full float64, err error) {
+func (t *table[K, V]) sweep(now, maxAge uint32, evicted *[]uint64) (swept, nEvicted int, full float64, err error) {
 	if t.keys == nil {
 		t.keys, t.vals = make([]K, sweepBatch), make([]V, sweepBatch)
 	}
@@ -161,11 +190,12 @@ func (t *table[K, V]) sweep(now, maxAge uint32) (swept, evicted int, full float6
 			// The difference of the low halves is the age, wrapped
 			// or not; an entry made after now (on another CPU, during
 			// the walk) is younger than 0, not 49 days old.
-			age := uint32(max(int32(now-uint32(t.ts(&t.vals[i]))), 0))
+			ts, qid := t.ts(&t.vals[i])
+			age := uint32(max(int32(now-uint32(ts)), 0))
 			if age > maxAge {
 				t.old = append(t.old, t.keys[i])
 			} else {
-				t.all = append(t.all, aged[K]{t.keys[i], age})
+				t.all = append(t.all, aged[K]{t.keys[i], age, qid})
 			}
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -175,38 +205,51 @@ func (t *table[K, V]) sweep(now, maxAge uint32) (swept, evicted int, full float6
 			return 0, 0, 0, err
 		}
 	}
-	swept = t.delete(t.old)
+	swept = t.delete(t.old, nil)
 	size := int(t.m.MaxEntries())
-	if float64(len(t.all)) > sweepHigh*float64(size) {
+	left := len(t.all)
+	if float64(left) > sweepHigh*float64(size) {
 		slices.SortFunc(t.all, func(a, b aged[K]) int { return cmp.Compare(b.age, a.age) })
 		t.old = t.old[:0]
-		for _, e := range t.all[:len(t.all)-int(sweepLow*float64(size))] {
+		young := t.all[:left-int(sweepLow*float64(size))]
+		for _, e := range young {
 			t.old = append(t.old, e.k)
 		}
-		evicted = t.delete(t.old)
+		// A key gone meanwhile was answered: not evicted.
+		nEvicted = t.delete(t.old, func(i int) { *evicted = append(*evicted, young[i].qid) })
+		left -= nEvicted
 	}
-	return swept, evicted, float64(len(t.all)-evicted) / float64(size), nil
+	return swept, nEvicted, float64(left) / float64(size), nil
 }
 
-// delete deletes keys, skipping those gone meanwhile (answered), and
+// delete deletes keys, skipping those gone meanwhile (answered), calls
+// deleted (when not nil) with the index of each key it deleted, and
 // returns how many it deleted. A key answered and asked again with the
 // same socket and id between the lookup and the delete (a resend, more
 // than the table's age after the last one) would go with it: its answer
 // is then not matched.
-func (t *table[K, V]) delete(keys []K) int {
-	deleted := 0
+func (t *table[K, V]) delete(keys []K, deleted func(i int)) int {
+	count, base := 0, 0
+	done := func(from, to int) {
+		count += to - from
+		if deleted != nil {
+			for i := from; i < to; i++ {
+				deleted(base + i)
+			}
+		}
+	}
 	for len(keys) > 0 {
 		n, err := t.m.BatchDelete(keys, nil)
-		deleted += n
+		done(0, n)
 		if err == nil || n >= len(keys) {
 			break
 		}
 		// The batch stops at the first key it could not delete: gone
 		// meanwhile, or a kernel without batch deletes (one at a time).
 		if !errors.Is(err, ebpf.ErrKeyNotExist) && t.m.Delete(keys[n]) == nil {
-			deleted++
+			done(n, n+1)
 		}
-		keys = keys[n+1:]
+		keys, base = keys[n+1:], base+n+1
 	}
-	return deleted
+	return count
 }
