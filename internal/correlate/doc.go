@@ -52,9 +52,13 @@
 //	  namespace's drop counter has room for it
 //	any other query dropped by netfilter: a rule               rule_drop        -
 //	query dropped for NEIGH_FAILED, NEIGH_QUEUEFULL,            stale_nat        -
-//	  NEIGH_DEAD, QUEUE_PURGE, IP_OUTNOROUTES, IP_INNOROUTES or
-//	  OTHERHOST on a conntrack entry that was NATed and answered
-//	  before it (an earlier query of its socket made it)
+//	  NEIGH_DEAD, QUEUE_PURGE, IP_OUTNOROUTES, IP_INNOROUTES,
+//	  OTHERHOST, NO_SOCKET or SOCKET_CLOSE; without a reason,
+//	  freed by ip_rcv_core, neigh_invalidate,
+//	  __neigh_event_send, br_dev_queue_push_xmit,
+//	  __udp4_lib_rcv, __udp6_lib_rcv or udp_destruct_common; on
+//	  a conntrack entry that was NATed and answered before it
+//	  (an earlier query of its socket made it)
 //	any other query dropped                                    local_drop       -
 //	answer dropped for NO_SOCKET, SOCKET_FILTER,               reply_unmatched  -
 //	  NETFILTER_DROP or IP_NOPROTO; without a reason, freed

@@ -178,14 +178,21 @@ var rules = []rule{
 		// the entry keeps sending the socket's queries to a backend
 		// that is gone: no neighbour answers for its address (the
 		// drop comes when the neighbour's queue gives up), no route
-		// leads to it, or a bridge floods it to hosts that are not it
+		// leads to it, a bridge floods it to hosts that are not it or
+		// to the port of a device going away, or, its server gone
+		// before its address, nothing listens there any more
 		why: "query dropped for NEIGH_FAILED, NEIGH_QUEUEFULL, NEIGH_DEAD, QUEUE_PURGE, IP_OUTNOROUTES, " +
-			"IP_INNOROUTES or OTHERHOST on a conntrack entry that was NATed and answered before it (an earlier " +
-			"query of its socket made it)",
-		seen:    seenQueryDrop,
-		reasons: []string{"NEIGH_FAILED", "NEIGH_QUEUEFULL", "NEIGH_DEAD", "QUEUE_PURGE", "IP_OUTNOROUTES", "IP_INNOROUTES", "OTHERHOST"},
-		when:    func(e *evidence) bool { return e.staleEntry },
-		cause:   CauseStaleNAT,
+			"IP_INNOROUTES, OTHERHOST, NO_SOCKET or SOCKET_CLOSE; without a reason, freed by ip_rcv_core, " +
+			"neigh_invalidate, __neigh_event_send, br_dev_queue_push_xmit, __udp4_lib_rcv, __udp6_lib_rcv or " +
+			"udp_destruct_common; on a conntrack entry that was NATed and answered before it (an earlier query of " +
+			"its socket made it)",
+		seen: seenQueryDrop,
+		reasons: []string{"NEIGH_FAILED", "NEIGH_QUEUEFULL", "NEIGH_DEAD", "QUEUE_PURGE", "IP_OUTNOROUTES", "IP_INNOROUTES",
+			"OTHERHOST", "NO_SOCKET", "SOCKET_CLOSE"},
+		symbols: []string{"ip_rcv_core", "neigh_invalidate", "__neigh_event_send", "br_dev_queue_push_xmit",
+			"__udp4_lib_rcv", "__udp6_lib_rcv", "udp_destruct_common"},
+		when:  func(e *evidence) bool { return e.staleEntry },
+		cause: CauseStaleNAT,
 	},
 	{
 		why:   "any other query dropped",

@@ -72,3 +72,33 @@ func TestStaleNATByACopy(t *testing.T) {
 		t.Errorf("lost %+v, node netns %d; want the copy's OTHERHOST in netns %d, not taken for where NAT ran", inc.Lost, inc.NodeNetNS, podB)
 	}
 }
+
+// TestStaleNATServerGone: the copy reaches the gone backend's address,
+// whose server is gone first (NO_SOCKET; on 5.10, no reason: freed by
+// __udp4_lib_rcv), or it reaches the backend's own namespace and is
+// dropped there; and the same query dropped by a rule is no stale entry's.
+func TestStaleNATServerGone(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		reason uint32
+		loc    uint64
+		want   string
+	}{
+		{"NO_SOCKET", reasonNoSocket, 2, CauseStaleNAT},
+		{"5.10, freed by __udp4_lib_rcv", reasonNone, 2, CauseStaleNAT},
+		{"5.10, freed by nf_hook_slow", reasonNone, 1, CauseRuleDrop},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.answer(ms, h.query(0, podA, fwdSock, 1, dns.TypeA))
+			q := h.query(2*sec, podA, fwdSock, 2, dns.TypeA)
+			h.handle(drop(2*sec+ms, q, c.reason, c.loc, staleEntry(fwdSock)))
+			h.c.Tick(3 * sec)
+			h.retried(7*sec, podA, fwdSock, 2, dns.TypeA)
+			inc := h.only(c.want)
+			if (inc.StaleNAT != nil) != (c.want == CauseStaleNAT) {
+				t.Errorf("stale entry %+v for cause %s", inc.StaleNAT, inc.Cause)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -105,6 +106,12 @@ func (r *natReader) read(s correlate.StaleNAT, rd *natRead) {
 		rd.why = fmt.Sprintf("no NAT rule for %s found", s.Entry.Dst)
 	}
 	rd.fix = ctentry.DeleteCommand(path, orig)
+	if slices.Contains(rd.backendAddrs, s.Gone) {
+		// The rules still send the VIP there: its server, not the
+		// entry, is what stopped answering.
+		rd.fix = ""
+		rd.why = fmt.Sprintf("the NAT rules still send %s to %s: its server does not answer, the entry is not stale", s.Entry.Dst, s.Gone)
+	}
 	if orig.Src != s.Entry.Src {
 		rd.src = orig.Src
 	}
