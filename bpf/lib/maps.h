@@ -95,8 +95,8 @@ struct flow {
 
 /* A plain preallocated hash, not an LRU: an answered query's flow is
  * inserted and deleted once each, and an LRU pays for its lists at both
- * (and, since Linux 6.19, evicts entries long before it is full: docs/
- * kernel.md). The flows nobody deletes (queries never answered) are swept
+ * (and evicts in per-CPU batches before it is full). The flows nobody
+ * deletes (queries never answered) are swept
  * by the loader once older than any answer can be (internal/probe,
  * sweep.go); a full table refuses a new flow, counted and said in its
  * QUERY record (RF_UNTRACKED). */
