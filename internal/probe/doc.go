@@ -47,7 +47,13 @@
 //     goroutine when the ring has been empty for IdleEvery (the kernel side
 //     wakes the reader only when an eighth of the ring is queued). Stats
 //     sums the kernel side's per-CPU counters: records lost to a full ring
-//     buffer, flows started and answered.
+//     buffer, flows started, answered and refused, and the sweeper's.
+//   - The flow table (flows, answers) is a plain hash that the programs
+//     insert into and delete from; a goroutine sweeps what nobody will
+//     delete (sweep.go: unanswered past Options.FlowMaxAge, and the oldest
+//     when the table fills), and Read reports each query whose flow was
+//     evicted young as event.KindUntracked. The design, and why:
+//     docs/design.md, "The flow table".
 //   - DropReasonName resolves enum skb_drop_reason values from the running
 //     kernel's BTF; values are never hard-coded.
 //

@@ -13,9 +13,8 @@ import (
 // kernel/bpf/bpf_lru_list.c; 6.16 lowers it for small maps), evicting as
 // many to get them, and holds the ones it has not used yet aside: an entry
 // can be evicted after about size - 128 x CPUs - 128 newer inserts, not
-// size. One batch per CPU on top is not enough room: the tun case of
-// TestFreshFlowsSurviveFullMap (a full map, the tracepoint tier) can still
-// lose answers with it; two is enough.
+// size; two batches per CPU on top keep the window the size. (The flow
+// table is no LRU for this and its cost: sweep.go.)
 const lruRoomPerCPU = 2 * 128
 
 // addLRURoom gives every common LRU hash map of spec lruRoomPerCPU entries
