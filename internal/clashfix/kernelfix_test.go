@@ -14,12 +14,13 @@ import (
 
 func TestParseRelease(t *testing.T) {
 	for in, want := range map[string]Version{
-		"6.18.44-fc-v669":        {6, 18, 44},
-		"5.15.0-1052-azure\n":    {5, 15, 0},
-		"4.15.0-1030-azure":      {4, 15, 0},
-		"6.1":                    {6, 1, 0},
-		"5.4.0-rc3":              {5, 4, 0},
-		"3.10.0-1160.el7.x86_64": {3, 10, 0},
+		"6.18.44-fc-v669":          {6, 18, 44},
+		"5.15.0-1052-azure\n":      {5, 15, 0},
+		"4.15.0-1030-azure":        {4, 15, 0},
+		"6.1":                      {6, 1, 0},
+		"7.2.13+deb14-cloud-amd64": {7, 2, 13},
+		"5.4.0-rc3":                {5, 4, 0},
+		"3.10.0-1160.el7.x86_64":   {3, 10, 0},
 	} {
 		got, err := ParseRelease(in)
 		if err != nil || got != want {
@@ -44,6 +45,8 @@ func TestAssessByRelease(t *testing.T) {
 		{"5.4.0", []Class{SameTupleDiffDNAT, ReverseCollision, SNATReplyClash}, []Class{SameTupleNoNAT, SameTupleSameDNAT}},
 		{"5.15.0", []Class{ReverseCollision, SNATReplyClash}, []Class{SameTupleDiffDNAT}},
 		{"6.12.5", []Class{SNATReplyClash}, []Class{ReverseCollision, SameTupleDiffDNAT}},
+		// measured by the lab on Debian's 7.2 (docs/survey/7.2-vm.json)
+		{"7.2.13+deb14-cloud-amd64", []Class{SNATReplyClash}, []Class{ReverseCollision, SameTupleDiffDNAT, SameTupleSameDNAT, SameTupleNoNAT}},
 	} {
 		var f Facts
 		if err := f.SetRelease(tc.rel); err != nil {
