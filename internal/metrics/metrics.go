@@ -30,6 +30,8 @@ type Source struct {
 	Missed    func() map[string]uint64
 	Probes    func() []Probe
 	Conntrack func() map[uint32]ctstats.Counters
+	// Untracked: queries the kernel's full flow table could not follow.
+	Untracked func() uint64
 }
 
 // Config of the metrics.
@@ -142,11 +144,13 @@ func (m *Metrics) Observe(inc *correlate.Incident) {
 type live struct{ src Source }
 
 var (
-	descLost   = prometheus.NewDesc("dnsrace_events_lost_total", "Ring buffer records the kernel could not deliver (counted per CPU in the kernel).", nil, nil)
-	descMissed = prometheus.NewDesc("dnsrace_bpf_recursion_misses_total", "Hook calls the kernel did not run the BPF program for because a BPF program was already running on that CPU.", []string{"program"}, nil)
-	descProbes = prometheus.NewDesc("dnsrace_probes", "1 when the hook is attached at that tier, else 0.", []string{"hook", "tier"}, nil)
-	descCT     = map[string]*prometheus.Desc{}
-	ctNames    = []string{"insert_failed", "drop", "early_drop", "clash_resolve"}
+	descLost      = prometheus.NewDesc("dnsrace_events_lost_total", "Ring buffer records the kernel could not deliver (counted per CPU in the kernel).", nil, nil)
+	descMissed    = prometheus.NewDesc("dnsrace_bpf_recursion_misses_total", "Hook calls the kernel did not run the BPF program for because a BPF program was already running on that CPU.", []string{"program"}, nil)
+	descProbes    = prometheus.NewDesc("dnsrace_probes", "1 when the hook is attached at that tier, else 0.", []string{"hook", "tier"}, nil)
+	descUntracked = prometheus.NewDesc("dnsrace_queries_untracked_total",
+		"Queries the kernel's flow table had no room for, or evicted young to make room: their answers cannot be matched (never counted as losses); raise --flow-entries.", nil, nil)
+	descCT  = map[string]*prometheus.Desc{}
+	ctNames = []string{"insert_failed", "drop", "early_drop", "clash_resolve"}
 )
 
 func init() {
@@ -160,6 +164,7 @@ func (l *live) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descLost
 	ch <- descMissed
 	ch <- descProbes
+	ch <- descUntracked
 	for _, n := range ctNames {
 		ch <- descCT[n]
 	}
@@ -173,6 +178,9 @@ func (l *live) Collect(ch chan<- prometheus.Metric) {
 		for prog, n := range l.src.Missed() {
 			ch <- prometheus.MustNewConstMetric(descMissed, prometheus.CounterValue, float64(n), prog)
 		}
+	}
+	if l.src.Untracked != nil {
+		ch <- prometheus.MustNewConstMetric(descUntracked, prometheus.CounterValue, float64(l.src.Untracked()))
 	}
 	if l.src.Probes != nil {
 		for _, p := range l.src.Probes() {

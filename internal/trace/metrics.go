@@ -35,6 +35,12 @@ func MetricsSource(live *atomic.Pointer[Session]) metrics.Source {
 			}
 			return ps
 		},
+		Untracked: func() uint64 {
+			if s := live.Load(); s != nil {
+				return s.Live().Untracked
+			}
+			return 0
+		},
 		Conntrack: func() map[uint32]ctstats.Counters {
 			if s := live.Load(); s != nil {
 				return s.Conntrack()

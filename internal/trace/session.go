@@ -420,9 +420,10 @@ type Live struct {
 	EventsLost uint64 // records lost to a full ring buffer
 	Queries    uint64 // DNS queries seen
 	Answered   uint64
-	InFlight   int // waiting for an answer
-	Stalls     int // incidents but rescued races
-	Rescued    int // races the kernel rescued
+	InFlight   int    // waiting for an answer
+	Untracked  uint64 // queries the kernel's full flow table could not follow
+	Stalls     int    // incidents but rescued races
+	Rescued    int    // races the kernel rescued
 }
 
 // Live reads the session's running counts; it never waits for the reader
@@ -430,7 +431,7 @@ type Live struct {
 func (s *Session) Live() Live {
 	sn := s.snap.Load()
 	l := Live{Events: s.events.Load(), Queries: sn.stats.Queries, Answered: sn.stats.Answered,
-		InFlight: sn.stats.InFlight, EventsLost: s.lost(), Rescued: sn.counts[correlate.CauseClashResolved]}
+		InFlight: sn.stats.InFlight, Untracked: sn.stats.Untracked, EventsLost: s.lost(), Rescued: sn.counts[correlate.CauseClashResolved]}
 	for c, n := range sn.counts {
 		if c != correlate.CauseClashResolved {
 			l.Stalls += n
