@@ -7,12 +7,13 @@ import (
 	"slices"
 
 	"github.com/google/nftables"
-	"github.com/mdlayher/netlink"
+	mnl "github.com/mdlayher/netlink"
 	"github.com/ti-mo/conntrack"
 	"golang.org/x/sys/unix"
 
 	"github.com/dnsrace/dnsrace/internal/dnsserver"
 	"github.com/dnsrace/dnsrace/internal/nsutil"
+	"github.com/vishvananda/netlink"
 )
 
 // Backends as pods (Topology.BackendPods): each DNS backend is a pod of
@@ -42,17 +43,9 @@ func addBackendPod(t Topology, i int) error {
 	if err := nsutil.Create(t.BackendNS(i)); err != nil {
 		return err
 	}
-	node, nodeNS, err := handle(t.NodeNS())
-	if err != nil {
-		return err
-	}
-	defer node.Close()
-	defer nodeNS.Close()
-	br, err := node.LinkByName("br0")
-	if err != nil {
-		return fmt.Errorf("finding the node's bridge: %w", err)
-	}
-	return plugIntoBridge(t.BackendNS(i), backendLink(i), netip.PrefixFrom(BackendPodAddr(i), 24), node, br)
+	return onBridge(t, func(node *netlink.Handle, br netlink.Link) error {
+		return plugIntoBridge(t.BackendNS(i), backendLink(i), netip.PrefixFrom(BackendPodAddr(i), 24), node, br)
+	})
 }
 
 // startBackendPod starts backend pod i's DNS server.
@@ -132,7 +125,7 @@ func staleEntries(t Topology, active []int) (int, error) {
 		return 0, err
 	}
 	defer f.Close()
-	c, err := conntrack.Dial(&netlink.Config{NetNS: int(f.Fd())})
+	c, err := conntrack.Dial(&mnl.Config{NetNS: int(f.Fd())})
 	if err != nil {
 		return 0, fmt.Errorf("reading the node's conntrack table: %w", err)
 	}

@@ -60,17 +60,9 @@ const cacheLink = "cache"
 
 // buildCachePod wires the cache pod like any pod, at CacheAddr.
 func buildCachePod(t Topology) error {
-	node, nodeNS, err := handle(t.NodeNS())
-	if err != nil {
-		return err
-	}
-	defer node.Close()
-	defer nodeNS.Close()
-	br, err := node.LinkByName("br0")
-	if err != nil {
-		return fmt.Errorf("finding the node's bridge: %w", err)
-	}
-	return plugIntoBridge(t.CacheNS(), cacheLink, netip.PrefixFrom(CacheAddr, 24), node, br)
+	return onBridge(t, func(node *netlink.Handle, br netlink.Link) error {
+		return plugIntoBridge(t.CacheNS(), cacheLink, netip.PrefixFrom(CacheAddr, 24), node, br)
+	})
 }
 
 // plugIntoBridge gives namespace ns a veth on the node's bridge (named

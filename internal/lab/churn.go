@@ -39,17 +39,7 @@ func (l *Lab) AddPod(i int) error {
 
 func (l *Lab) wirePod(i int) error {
 	t := l.Topology
-	node, nodeNS, err := handle(t.NodeNS())
-	if err != nil {
-		return err
-	}
-	defer node.Close()
-	defer nodeNS.Close()
-	br, err := node.LinkByName("br0")
-	if err != nil {
-		return fmt.Errorf("finding the node's bridge: %w", err)
-	}
-	if err := buildPod(t, i, node, br); err != nil {
+	if err := onBridge(t, func(node *netlink.Handle, br netlink.Link) error { return buildPod(t, i, node, br) }); err != nil {
 		return err
 	}
 	if err := installPodCounters(t.PodNS(i)); err != nil {

@@ -268,6 +268,22 @@ func handle(name string) (*netlink.Handle, netns.NsHandle, error) {
 	return h, ns, nil
 }
 
+// onBridge runs fn with a netlink handle in the node's namespace and its
+// bridge, where pods are plugged in.
+func onBridge(t Topology, fn func(node *netlink.Handle, br netlink.Link) error) error {
+	node, nodeNS, err := handle(t.NodeNS())
+	if err != nil {
+		return err
+	}
+	defer node.Close()
+	defer nodeNS.Close()
+	br, err := node.LinkByName("br0")
+	if err != nil {
+		return fmt.Errorf("finding the node's bridge: %w", err)
+	}
+	return fn(node, br)
+}
+
 func addrOf(p netip.Prefix, flags int) *netlink.Addr {
 	return &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}, Flags: flags}
 }
