@@ -526,8 +526,9 @@ func (r *runner) pickAccel(ctx context.Context, kernels []Kernel, vmlinuz map[st
 	return accel
 }
 
-// pruneLogs keeps the console logs of the last 20 runs, points logs/latest
-// at this run, and removes run folders of killed runs (an hour old).
+// pruneLogs keeps the console logs of the last 20 runs (and of every run
+// still going: its folder ends in its pid), points logs/latest at this
+// run, and removes run folders of killed runs (an hour old).
 func (r *runner) pruneLogs() {
 	logs := filepath.Dir(r.logDir)
 	os.Remove(filepath.Join(logs, "latest"))
@@ -540,8 +541,10 @@ func (r *runner) pruneLogs() {
 		}
 	}
 	sort.Strings(dirs)
-	for len(dirs) > 20 {
-		os.RemoveAll(filepath.Join(logs, dirs[0]))
+	for n := len(dirs); n > 20; n-- {
+		if !running(dirs[0]) {
+			os.RemoveAll(filepath.Join(logs, dirs[0]))
+		}
 		dirs = dirs[1:]
 	}
 	runs, _ := os.ReadDir(filepath.Dir(r.runDir))
@@ -550,11 +553,17 @@ func (r *runner) pruneLogs() {
 		if err != nil || time.Since(info.ModTime()) < time.Hour {
 			continue
 		}
-		_, pid, _ := strings.Cut(e.Name(), "-")
-		if n, err := strconv.Atoi(pid); err == nil && syscall.Kill(n, 0) != nil {
+		if !running(e.Name()) {
 			os.RemoveAll(filepath.Join(filepath.Dir(r.runDir), e.Name()))
 		}
 	}
+}
+
+// running: the run whose folder is name (STAMP-PID) is still going.
+func running(name string) bool {
+	_, pid, _ := strings.Cut(name, "-")
+	n, err := strconv.Atoi(pid)
+	return err == nil && syscall.Kill(n, 0) == nil
 }
 
 // needTools checks the host programs a run calls.
