@@ -11,20 +11,9 @@
 
 /* ---- records ---------------------------------------------------------- */
 
-/* One ring buffer per CPU (Falco's modern_bpf layout): a CPU's programs
- * never share a ring's lock and positions with another CPU's. The loader
- * sizes the outer map to the possible CPUs and puts a ring of the real
- * size at each index. */
-struct ring {
+struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 22); /* the loader sets the real size */
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
-	__uint(max_entries, 1); /* the loader: one per possible CPU */
-	__type(key, __u32);
-	__array(values, struct ring);
 } events SEC(".maps");
 
 struct {

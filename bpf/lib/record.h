@@ -41,31 +41,24 @@ static __always_inline void stat_inc(__u32 i)
  * read would miss the cache while the reader keeps up. A wakeup is then
  * late by at most that many records per CPU, against a threshold of 1/8 of
  * the ring. */
-static __always_inline void *this_ring(void)
-{
-	__u32 cpu = bpf_get_smp_processor_id();
-	return bpf_map_lookup_elem(&events, &cpu);
-}
-
-static __always_inline __u64 output_flags(void *ring)
+static __always_inline __u64 output_flags(void)
 {
 	__u32 *sent = bpf_map_lookup_elem(&ring_sends, &ring_sends_key);
 	if (sent && (++*sent & (RING_CHECK_EVERY - 1)) == 0 &&
-	    bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) >= cfg.wakeup_bytes)
+	    bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= cfg.wakeup_bytes)
 		return BPF_RB_FORCE_WAKEUP;
 	return BPF_RB_NO_WAKEUP;
 }
 
-static __always_inline void ring_send(void *rec, __u64 size)
+static __always_inline void ring_send(void *rec, __u64 size, __u64 flags)
 {
-	void *ring = this_ring();
-	if (!ring || bpf_ringbuf_output(ring, rec, size, output_flags(ring)))
+	if (bpf_ringbuf_output(&events, rec, size, flags))
 		stat_inc(STAT_RING_LOST);
 }
 
 static __always_inline void output(void *rec, __u64 size)
 {
-	ring_send(rec, size);
+	ring_send(rec, size, output_flags());
 }
 
 static __always_inline void fill_hdr(struct rec_hdr *h, __u8 type, __u8 tier, __u64 qid, __u32 netns)
@@ -146,7 +139,10 @@ static __always_inline void emit_event(struct event_buf *b, __u8 kind, __u8 tier
 	if (len)
 		bpf_probe_read_kernel(b->dns, len, (void *)payload);
 	b->r.dns_len = len;
-	ring_send(b, event_size(&b->r, len));
+	/* The size is worked out after output_flags' calls: live across
+	 * them it would take a stack slot, and device() has none left. */
+	__u64 flags = output_flags();
+	ring_send(b, event_size(&b->r, len), flags);
 }
 
 /* announce_netns sends EV_CT_NETNS the first time a DNS entry is seen in

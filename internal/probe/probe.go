@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math/bits"
 	"os"
 	"strings"
 	"sync"
@@ -124,7 +123,7 @@ type Tracer struct {
 	colls  []*ebpf.Collection
 	links  []link.Link
 	maps   map[string]*ebpf.Map // every map, created once, shared
-	rings  *rings               // the events map's per-CPU ring buffers
+	rd     *ringbuf.Reader
 	// The netfilter program (tracepoint tier, 6.4+) and its links, per
 	// namespace (guarded by closeMu).
 	nfProg  *ebpf.Program
@@ -218,20 +217,16 @@ func Open(opts Options) (*Tracer, error) {
 		}
 	}
 
+	t.rd, err = ringbuf.NewReader(t.maps[bpf.DnsraceMapEvents])
+	if err != nil {
+		return nil, fmt.Errorf("opening the ring buffer reader: %w", err)
+	}
 	t.nice = opts.ReaderNice
 	if t.sweeper, err = startSweeper(t.maps[bpf.DnsraceMapFlows], t.maps[bpf.DnsraceMapAnswers], l.cfg.Hz, opts.FlowMaxAge); err != nil {
 		return nil, err
 	}
 	ok = true
 	return t, nil
-}
-
-// perCPURing is the size of each CPU's ring: size shared out over the
-// possible CPUs (a power of two, at least a page), so the rings together
-// take what one ring of size did.
-func perCPURing(size uint32, cpus int) uint32 {
-	per := uint32(1) << (31 - bits.LeadingZeros32(size/uint32(max(cpus, 1))|1))
-	return max(per, uint32(os.Getpagesize()))
 }
 
 // neededForFunctionMode names the hook the function mode lacks, or "".
@@ -271,6 +266,7 @@ func newLoader(opts Options) (*loader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading the embedded BPF object: %w", err)
 	}
+	spec.Maps[bpf.DnsraceMapEvents].MaxEntries = opts.RingBufferSize
 	if opts.FlowEntries == 0 {
 		opts.FlowEntries = DefaultFlowEntries
 	}
@@ -280,14 +276,7 @@ func newLoader(opts Options) (*loader, error) {
 	if err := addLRURoom(spec); err != nil {
 		return nil, err
 	}
-	cpus, err := ebpf.PossibleCPU()
-	if err != nil {
-		return nil, fmt.Errorf("counting possible CPUs: %w", err)
-	}
-	ring := perCPURing(opts.RingBufferSize, cpus)
-	ev := spec.Maps[bpf.DnsraceMapEvents]
-	ev.MaxEntries, ev.InnerMap.MaxEntries = uint32(cpus), ring
-	cfg := bpf.DnsraceConfig{Netns: opts.NetNS, WakeupBytes: ring / 8}
+	cfg := bpf.DnsraceConfig{Netns: opts.NetNS, WakeupBytes: opts.RingBufferSize / 8}
 	for i, p := range ports {
 		if p == 0 {
 			return nil, errors.New("DNS port 0")
@@ -423,14 +412,6 @@ func (l *loader) loadKprobeMulti(multi bool, progs ...string) (*ebpf.Collection,
 // sharedMap returns map name, creating it on first use.
 func (l *loader) sharedMap(name string) (*ebpf.Map, error) {
 	if m, ok := l.t.maps[name]; ok {
-		return m, nil
-	}
-	if name == bpf.DnsraceMapEvents {
-		r, m, err := newRings(l.spec.Maps[name])
-		if err != nil {
-			return nil, explain(err)
-		}
-		l.t.rings, l.t.maps[name] = r, m
 		return m, nil
 	}
 	m, err := ebpf.NewMap(l.spec.Maps[name])
@@ -813,8 +794,8 @@ func (t *Tracer) Close() error {
 		t.sweeper.stop()
 	}
 	var errs []error
-	if t.rings != nil {
-		errs = append(errs, t.rings.close())
+	if t.rd != nil {
+		errs = append(errs, t.rd.Close())
 	}
 	for _, l := range t.links {
 		errs = append(errs, l.Close())

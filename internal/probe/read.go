@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
+	"os"
 	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/dnsrace/dnsrace/internal/event"
 )
@@ -14,11 +16,6 @@ import (
 // buffer is empty, and so the longest a record waits in the ring: the
 // kernel side wakes the reader only once a good part of the ring is full.
 const IdleEvery = 100 * time.Millisecond
-
-// ringLag bounds the time from a record's timestamp to its commit to its
-// CPU's ring (a program's run, which cannot sleep): a record is handed on
-// only once every ring has been read that long after its timestamp.
-const ringLag = 5 * time.Millisecond
 
 // Records are drained from the ring into batches of up to batchRecords
 // records or batchBytes bytes; readBatches of them may wait for the
@@ -67,7 +64,7 @@ func (b *batch) reset() { b.buf, b.ends, b.idle = b.buf[:0], b.ends[:0], false }
 func (t *Tracer) Read(ctx context.Context, fn func(*event.Event), idle func()) error {
 	t.readMu.Lock()
 	defer t.readMu.Unlock()
-	if t.rings == nil {
+	if t.rd == nil {
 		return errors.New("tracer is closed")
 	}
 	if t.batches == nil {
@@ -111,13 +108,9 @@ func (t *Tracer) Read(ctx context.Context, fn func(*event.Event), idle func()) e
 	return <-drained
 }
 
-// drain copies records from the rings into batches and hands them to full,
+// drain copies records from the ring into batches and hands them to full,
 // which it closes when it returns: when ctx is done (after the records
-// still in the rings), when the Tracer is closed, or on an error. Records
-// of different CPUs are handed on in the order of their timestamps: a
-// record is handed on once every ring has been read past it (read after
-// its time plus ringLag), so a query's record always comes before its
-// answer's, whichever CPUs they came from.
+// still in the ring), when the Tracer is closed, or on an error.
 func (t *Tracer) drain(ctx context.Context, full chan<- *batch, free <-chan *batch) error {
 	defer close(full)
 	if t.nice != 0 {
@@ -127,8 +120,9 @@ func (t *Tracer) drain(ctx context.Context, full chan<- *batch, free <-chan *bat
 		}
 		defer restore()
 	}
-	r := t.rings
-	stop := context.AfterFunc(ctx, r.wakeUp)
+	// ctx done: Flush wakes a blocked ReadInto, which returns the records
+	// still in the ring and then ErrFlushed.
+	stop := context.AfterFunc(ctx, func() { t.rd.Flush() })
 	defer stop()
 	b := <-free
 	hand := func(idle bool) {
@@ -141,75 +135,34 @@ func (t *Tracer) drain(ctx context.Context, full chan<- *batch, free <-chan *bat
 			full <- b
 		}
 	}()
-	// read reads every ring and hands on what is older than the
-	// watermark; done: the Tracer is closed.
-	// A ring read only in part (its stage full) holds records newer than
-	// its last one read, and maybe older than the other rings' records:
-	// those wait, and the rings are read again at once (more).
-	read := func(watermark uint64) (done, more bool, n int, err error) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.closed.Load() {
-			return true, false, 0, nil
-		}
-		for i := range r.rds {
-			cut, closed, err := r.read(i, &t.rec)
-			if closed || err != nil {
-				return closed, false, 0, err
-			}
-			if cut {
-				more = true
-				watermark = min(watermark, r.lastTS(i))
-			}
-		}
-		for rec := r.next(watermark); rec != nil; rec = r.next(watermark) {
-			b.add(rec)
-			n++
-			if b.full() {
-				hand(false)
-			}
-		}
-		r.compact()
-		return false, more, n, nil
-	}
-	idleSince := time.Now()
+	// The deadline is only ever set here, between reads, so SetDeadline
+	// (which takes the reader's lock) never waits for a blocked read.
+	t.rd.SetDeadline(time.Now().Add(IdleEvery))
 	for {
-		ending := ctx.Err() != nil
-		watermark := uint64(math.MaxUint64)
-		if !ending {
-			watermark = monotonicNow() - uint64(ringLag)
-		}
-		done, more, n, err := read(watermark)
-		if done || err != nil {
-			return err
-		}
-		if more {
-			continue
-		}
-		if len(b.ends) > 0 {
+		// What was copied goes to the caller before a read that may
+		// block: a batch never waits for the ring to fill again.
+		if len(b.ends) > 0 && t.rd.AvailableBytes() == 0 {
 			hand(false)
 		}
-		if ending {
-			return nil
-		}
-		if n > 0 {
-			idleSince = time.Now()
-		}
-		wait := IdleEvery - time.Since(idleSince)
-		if r.pending() {
-			wait = min(wait, ringLag)
-		}
-		if wait <= 0 {
-			// Empty for IdleEvery.
-			hand(true)
-			idleSince = time.Now()
-			continue
-		}
-		if _, err := r.wait(wait); err != nil {
-			if r.closed.Load() {
+		if err := t.rd.ReadInto(&t.rec); err != nil {
+			switch {
+			case errors.Is(err, ringbuf.ErrClosed):
 				return nil
+			case errors.Is(err, ringbuf.ErrFlushed):
+				if ctx.Err() != nil {
+					return nil
+				}
+				continue
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				hand(true)
+				t.rd.SetDeadline(time.Now().Add(IdleEvery))
+				continue
 			}
-			return err
+			return fmt.Errorf("reading the ring buffer: %w", err)
+		}
+		b.add(t.rec.RawSample)
+		if b.full() {
+			hand(false)
 		}
 	}
 }
