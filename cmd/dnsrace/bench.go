@@ -48,14 +48,18 @@ valid case also gives the whole machine's busy CPU time (/proc/stat) per
 packet, query or loop, untraced and traced: what tracing adds to a unit
 in microseconds, and how much of that the target's ratio allows.
 --memory instead feeds synthetic unanswered queries to the correlator in
-this process and reports its memory. --prog-stats turns on the kernel's
-BPF run-time accounting (Linux 5.8+) during the traced floods and reports
-each of the tracer's programs: runs, ns per run, and the kernel time per
-answered query, packet or loop (the accounting adds two clock reads to
-every BPF program run on the machine while it is on). --floor adds a
-third round to each cost case, the tracer with every program emptied
-("return 0") at the same hooks: what the hooks alone cost this kernel,
-which no program at those hooks can do better than. --soak instead runs
+this process and reports its memory. After the timed rounds, a count
+pass (--skip-count leaves it out, --count-only runs it alone) runs one
+tracer through every case with the kernel's BPF run-time statistics on
+(Linux 5.8+; for that pass only: they add two clock reads to every BPF
+program run on the machine) and reports, per case, each of the tracer's
+programs' runs per answered query, packet or loop and its ns per run, and
+the programs' kernel time per unit. Counts hold anywhere; times hold for
+the machine only, and under emulation (qemu TCG) are the emulator's, not
+a measurement of any hardware. --floor adds a third round to each cost
+case, the tracer with every program emptied ("return 0") at the same
+hooks: what the hooks alone cost this kernel, which no program at those
+hooks can do better than. --soak instead runs
 the tracer through pod churn (pods born and deleted continuously, each
 asking DNS through NAT in its own namespace) and samples the tracer's
 open files, RSS and held namespaces and the kernel's network namespaces:
@@ -65,7 +69,7 @@ Examples:
   sudo dnsrace bench
   sudo dnsrace bench --duration 5s --rounds 3 --json > bench.json
   sudo dnsrace bench --skip-cost --rate 50000,100000,200000
-  sudo dnsrace bench --skip-cost --rate 5000 --duration 20s --prog-stats
+  sudo dnsrace bench --count-only --attach fentry
   sudo dnsrace bench --skip-capacity --case syscall-open,udp-forward --floor
   sudo dnsrace bench --smoke
   dnsrace bench --memory --queries 1000000

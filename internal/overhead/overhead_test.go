@@ -111,10 +111,9 @@ func TestProgDelta(t *testing.T) {
 		t.Fatalf("sum %+v, want tp_c first (most time), then tp_a with 40 runs at 150 ns", sum)
 	}
 	r := &Runs{Unit: "query", Units: 10, Programs: sum}
-	for _, p := range sum {
-		r.PerUnit += float64(p.Runs) / r.Units
-	}
-	want := "4.10 runs per query: tp_c 0.10 (9000 ns), tp_a 4.00 (150 ns)"
+	r.sum()
+	// 41 runs and 15,000 ns over 10 queries
+	want := "4.10 runs, 1500 ns per query: tp_c 0.10 at 9000 ns, tp_a 4.00 at 150 ns"
 	if got := runsLine(r); got != want {
 		t.Errorf("runsLine:\n got %q\nwant %q", got, want)
 	}
@@ -141,7 +140,7 @@ func TestSkippedShown(t *testing.T) {
 		t.Fatalf("Skipped() = %d, want 3 from %s", sum.Skipped(), line)
 	}
 	var out bytes.Buffer
-	WriteText(&out, &Result{Cases: []CaseResult{{Name: "syscall-open", Untraced: 100, Traced: 90, Ratio: 0.9, Skipped: sum.Skipped()}}})
+	WriteText(&out, &Result{Cases: []CaseResult{{Name: "syscall-open", Rounds: 1, Untraced: 100, Traced: 90, Ratio: 0.9, Skipped: sum.Skipped()}}})
 	if !strings.Contains(out.String(), "syscall-open  the kernel skipped 3 hook calls") || strings.Contains(out.String(), "invalid") {
 		t.Errorf("text:\n%s", out.String())
 	}
@@ -174,7 +173,7 @@ func TestRoundOrder(t *testing.T) {
 // TestHooksOnlyShown: the floor's rate and ratios reach the text.
 func TestHooksOnlyShown(t *testing.T) {
 	var out bytes.Buffer
-	WriteText(&out, &Result{Cases: []CaseResult{{Name: "syscall-open", Untraced: 100, Traced: 90, Ratio: 0.9, HooksOnly: 95, HooksOnlyRatio: 0.95}}})
+	WriteText(&out, &Result{Cases: []CaseResult{{Name: "syscall-open", Rounds: 1, Untraced: 100, Traced: 90, Ratio: 0.9, HooksOnly: 95, HooksOnlyRatio: 0.95}}})
 	if !strings.Contains(out.String(), "syscall-open  hooks only (every program emptied, same hooks): 95/s, 0.950 of untraced; traced is 0.947 of hooks only") {
 		t.Errorf("text:\n%s", out.String())
 	}
@@ -185,8 +184,8 @@ func TestHooksOnlyShown(t *testing.T) {
 // run; one that lost records says so instead.
 func TestUnfollowedAnswersInvalid(t *testing.T) {
 	r := &Result{Cases: []CaseResult{
-		{Name: "dns-loopback", DNS: true, Untraced: 100, Traced: 90, Invalid: true, Unfollowed: 368952},
-		{Name: "dns-forward", DNS: true, Untraced: 100, Traced: 90, Invalid: true, RecordsLost: 7},
+		{Name: "dns-loopback", Rounds: 1, DNS: true, Untraced: 100, Traced: 90, Invalid: true, Unfollowed: 368952},
+		{Name: "dns-forward", Rounds: 1, DNS: true, Untraced: 100, Traced: 90, Invalid: true, RecordsLost: 7},
 	}}
 	var out bytes.Buffer
 	WriteText(&out, r)
@@ -295,12 +294,12 @@ func TestMachineBusyCountsWork(t *testing.T) {
 func TestCPUPerUnitShown(t *testing.T) {
 	var out bytes.Buffer
 	WriteText(&out, &Result{Cases: []CaseResult{
-		{Name: "dns-forward", DNS: true, Path: "forward", Target: 0.90, Untraced: 100, Traced: 70, Ratio: 0.7,
+		{Name: "dns-forward", Rounds: 1, DNS: true, Path: "forward", Target: 0.90, Untraced: 100, Traced: 70, Ratio: 0.7,
 			UntracedCPUUs: 10.8, TracedCPUUs: 15.3},
-		{Name: "udp-forward", Path: "forward", Target: 0.98, Untraced: 111111, Traced: 100000, Ratio: 0.9,
+		{Name: "udp-forward", Rounds: 1, Path: "forward", Target: 0.98, Untraced: 111111, Traced: 100000, Ratio: 0.9,
 			UntracedCPUUs: 8, TracedCPUUs: 9, HooksOnlyCPUUs: 8.25, TracerCPU: 0.01,
-			Runs: &Runs{Unit: "packet", Units: 1000, PerUnit: 6, Programs: []ProgStat{{Name: "a", Runs: 4000, RunTimeNs: 300000}, {Name: "b", Runs: 2000, RunTimeNs: 100000}}}},
-		{Name: "dns-loopback", DNS: true, Target: 0.90, Invalid: true, RecordsLost: 3},
+			Runs: progRuns("packet", 1000, ProgStat{Name: "a", Runs: 4000, RunTimeNs: 300000}, ProgStat{Name: "b", Runs: 2000, RunTimeNs: 100000})},
+		{Name: "dns-loopback", Rounds: 1, DNS: true, Target: 0.90, Invalid: true, RecordsLost: 3},
 	}})
 	want := "dns-forward   machine CPU per query: 10.80 µs untraced, 15.30 traced: tracing costs 4.50 µs a query, the target leaves 1.20"
 	hooks := "udp-forward   machine CPU per packet: 8.00 µs untraced, 9.00 traced: tracing costs 1.00 µs a packet (the hooks alone 0.25), the target leaves 0.16"
@@ -309,5 +308,55 @@ func TestCPUPerUnitShown(t *testing.T) {
 	if !strings.Contains(out.String(), want) || !strings.Contains(out.String(), hooks) || !strings.Contains(out.String(), split) ||
 		strings.Contains(out.String(), "dns-loopback  machine CPU") || strings.Count(out.String(), "of it:") != 1 {
 		t.Errorf("text:\n%s\nwant lines %q, %q and %q, and no split without a count pass", out.String(), want, hooks, split)
+	}
+}
+
+// progRuns is a count pass's Runs for units of unit and programs progs.
+func progRuns(unit string, units float64, progs ...ProgStat) *Runs {
+	r := &Runs{Unit: unit, Units: units, Programs: progs}
+	r.sum()
+	return r
+}
+
+// TestRunsReported: the count pass gives each case's runs and program time
+// per unit, and each program's runs, time and time per run, in the JSON
+// and in the text, whose times say they are not measurements under
+// emulation; alone (--count-only), with no rates measured, it shows none.
+func TestRunsReported(t *testing.T) {
+	r := &Result{Tier: "fentry", Cases: []CaseResult{{Name: "dns-forward", DNS: true,
+		Runs: progRuns("query", 100, ProgStat{Name: "fexit_udp_sendmsg", Runs: 200, RunTimeNs: 60000, NsPerRun: 300},
+			ProgStat{Name: "fentry_skb_consume_udp", Runs: 200, RunTimeNs: 20000, NsPerRun: 100})}}}
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Cases []struct {
+			Runs map[string]any `json:"runs"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	runs := doc.Cases[0].Runs
+	if runs["runs_per_unit"] != 4.0 || runs["prog_ns_per_unit"] != 800.0 {
+		t.Errorf("runs %v, want runs_per_unit 4 and prog_ns_per_unit 800", runs)
+	}
+	p := runs["programs"].([]any)[0].(map[string]any)
+	if p["name"] != "fexit_udp_sendmsg" || p["runs"] != 200.0 || p["run_time_ns"] != 60000.0 || p["ns_per_run"] != 300.0 {
+		t.Errorf("program %v", p)
+	}
+	var out bytes.Buffer
+	WriteText(&out, r)
+	if strings.Contains(out.String(), "untraced/s") {
+		t.Errorf("a count pass alone (no rounds) shows a table of rates:\n%s", out.String())
+	}
+	for _, want := range []string{
+		"dns-forward   4.00 runs, 800 ns per query: fexit_udp_sendmsg 2.00 at 300 ns, fentry_skb_consume_udp 2.00 at 100 ns",
+		"under emulation, qemu TCG, they time the emulator",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("text:\n%s\nwant %q", out.String(), want)
+		}
 	}
 }

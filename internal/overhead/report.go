@@ -3,6 +3,7 @@ package overhead
 import (
 	"fmt"
 	"io"
+	"slices"
 )
 
 // This file writes a harness run's result as text, and says what fails a
@@ -10,8 +11,15 @@ import (
 
 // WriteText prints a result as tables.
 func WriteText(w io.Writer, r *Result) {
-	fmt.Fprintf(w, "kernel %s, %d CPUs, %s tier, %.0fs per round\n\n", r.Kernel, r.CPUs, r.Tier, r.Duration)
-	if len(r.Cases) > 0 {
+	// A count pass alone (--count-only) has cases with no rounds: no rate
+	// was measured, and a table of zeros would read as measured.
+	rounds := slices.ContainsFunc(r.Cases, func(c CaseResult) bool { return c.Rounds > 0 })
+	fmt.Fprintf(w, "kernel %s, %d CPUs, %s tier", r.Kernel, r.CPUs, r.Tier)
+	if rounds || len(r.Capacity) > 0 {
+		fmt.Fprintf(w, ", %.0fs per round", r.Duration)
+	}
+	fmt.Fprint(w, "\n\n")
+	if rounds {
 		fmt.Fprintf(w, "%-13s %12s %12s %-9s %-13s %11s %10s %9s %8s\n", "case", "untraced/s", "traced/s", "ratio", "target", "tracer CPU", "records", "lost", "B/query")
 		for _, c := range r.Cases {
 			ratio, mark := fmt.Sprintf("%.3f", c.Ratio), "ok"
@@ -136,12 +144,8 @@ func costSplitLine(c CaseResult) string {
 		c.Runs == nil || c.Runs.Invalid || c.Runs.Units <= 0 || c.Runs.PerUnit <= 0 {
 		return ""
 	}
-	var ns uint64
-	for _, p := range c.Runs.Programs {
-		ns += p.RunTimeNs
-	}
 	hooks := c.HooksOnlyCPUUs - c.UntracedCPUUs
-	progs := float64(ns) / c.Runs.Units / 1e3
+	progs := c.Runs.NsPerUnit / 1e3
 	reader := c.TracerCPU / c.Traced * 1e6
 	rest := c.TracedCPUUs - c.UntracedCPUUs - hooks - progs - reader
 	return fmt.Sprintf("of it: hooks %.2f, programs' own time %.2f (%.2f runs, statistics' clock reads included), reader %.2f, rest %+.2f",

@@ -10,8 +10,10 @@ import (
 
 // Runs is what the count pass measured for one case: how often each of the
 // tracer's programs ran (the kernel's run_cnt, BPF_ENABLE_STATS on for the
-// pass only) per unit of the case. These are counts: they hold on any
-// machine and under emulation, where no timing does.
+// pass only) per unit of the case, and for how long (run_time_ns). The
+// counts hold on any machine and under emulation; the times hold for the
+// machine they were read on only, and under emulation (qemu TCG) time the
+// emulator, not any hardware.
 type Runs struct {
 	// Unit is what the case counts ("packet": sent by the flood; "query":
 	// answered; "loop": a system call loop's iteration) and Units how many.
@@ -21,8 +23,11 @@ type Runs struct {
 	// those its sink took (packet floods).
 	Sent      float64 `json:"sent,omitempty"`
 	Delivered float64 `json:"delivered,omitempty"`
-	// PerUnit is every program's runs together, per unit.
-	PerUnit float64 `json:"runs_per_unit"`
+	// PerUnit is every program's runs together, per unit; NsPerUnit their
+	// run time together, per unit: the kernel time the programs cost a
+	// unit, the statistics' clock reads included.
+	PerUnit   float64 `json:"runs_per_unit"`
+	NsPerUnit float64 `json:"prog_ns_per_unit"`
 	// Programs: each program's runs and time (run_time_ns, which includes
 	// the accounting's own clock reads), busiest first.
 	Programs []ProgStat `json:"programs"`
@@ -69,7 +74,7 @@ func (h *harness) count(ctx context.Context, cases []Case) ([]*Runs, error) {
 			return nil, fmt.Errorf("case %s: %w", c.Name, err)
 		}
 		out[i] = r
-		h.logf("  %-13s count    %8.2f runs per %s over %.0f", c.Name, r.PerUnit, r.Unit, r.Units)
+		h.logf("  %-13s count    %8.2f runs, %6.0f ns per %s over %.0f", c.Name, r.PerUnit, r.NsPerUnit, r.Unit, r.Units)
 	}
 	sum, _, err := tp.stop()
 	tp = nil
@@ -118,17 +123,27 @@ func (h *harness) countCase(ctx context.Context, c Case) (*Runs, error) {
 	default:
 		r.Unit, r.Units, r.Sent, r.Delivered = "packet", float64(m.flood.Sent), float64(m.flood.Sent), float64(m.received)
 	}
-	if r.Units > 0 {
-		for _, p := range r.Programs {
-			r.PerUnit += float64(p.Runs)
-		}
-		r.PerUnit /= r.Units
-	}
+	r.sum()
 	return r, nil
 }
 
-// writeRuns prints the count pass: per case, the runs per unit, program by
-// program with each one's time per run.
+// sum sets PerUnit and NsPerUnit from Programs and Units.
+func (r *Runs) sum() {
+	r.PerUnit, r.NsPerUnit = 0, 0
+	if r.Units <= 0 {
+		return
+	}
+	for _, p := range r.Programs {
+		r.PerUnit += float64(p.Runs)
+		r.NsPerUnit += float64(p.RunTimeNs)
+	}
+	r.PerUnit /= r.Units
+	r.NsPerUnit /= r.Units
+}
+
+// writeRuns prints the count pass: per case, the runs and the programs'
+// time per unit, then program by program its runs per unit at its time
+// per run.
 func writeRuns(w io.Writer, res *Result) {
 	any := false
 	for _, c := range res.Cases {
@@ -139,10 +154,11 @@ func writeRuns(w io.Writer, res *Result) {
 	if !any {
 		return
 	}
-	fmt.Fprintf(w, "BPF program runs per unit (%s tier; run_cnt with run-time statistics on for this pass only; ns per run include the statistics' two clock reads):\n", res.Tier)
+	fmt.Fprintf(w, "BPF program runs and time per unit (%s tier; run_cnt and run_time_ns, run-time statistics on for this pass only):\n", res.Tier)
 	for _, c := range res.Cases {
 		fmt.Fprintf(w, "%-13s %s\n", c.Name, runsLine(c.Runs))
 	}
+	fmt.Fprintln(w, "(times include the statistics' two clock reads a run and hold for this machine only; under emulation, qemu TCG, they time the emulator, not any hardware)")
 	fmt.Fprintln(w)
 }
 
@@ -157,13 +173,13 @@ func runsLine(r *Runs) string {
 		return fmt.Sprintf("no %s counted", r.Unit)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%.2f runs per %s", r.PerUnit, r.Unit)
+	fmt.Fprintf(&b, "%.2f runs, %.0f ns per %s", r.PerUnit, r.NsPerUnit, r.Unit)
 	sep := ": "
 	for _, p := range r.Programs {
 		if float64(p.Runs)/r.Units < 0.005 {
 			continue
 		}
-		fmt.Fprintf(&b, "%s%s %.2f (%.0f ns)", sep, p.Name, float64(p.Runs)/r.Units, p.NsPerRun)
+		fmt.Fprintf(&b, "%s%s %.2f at %.0f ns", sep, p.Name, float64(p.Runs)/r.Units, p.NsPerRun)
 		sep = ", "
 	}
 	return b.String()

@@ -39,7 +39,9 @@ func dnsraceBinary(t *testing.T) string {
 // counts: each program may run at most once at each hook point its path
 // crosses, and nowhere else. Counts hold under emulation, so the VM
 // matrix runs it in every tier on every kernel; each case is logged as a
-// RUNS line (cmd/vmtest collects them).
+// RUNS line (cmd/vmtest collects them), with the programs' time beside
+// the counts: a time holds for the machine it was read on only, and in a
+// guest under qemu TCG times the emulator.
 //
 // The lab (internal/lab): pod0 - veth - br0 on the node - routed - veth -
 // the dns namespace. A forwarded packet crosses two egress devices (pod0's
@@ -74,13 +76,15 @@ func TestRunsPerUnit(t *testing.T) {
 		t.Fatalf("%d cases counted, want %d", len(res.Cases), len(Cases))
 	}
 	netfilter := features.HaveProgramType(ebpf.Netfilter) == nil
+	t.Log("RUNS lines: runs per unit; ns_per_unit and a program's @ns are run_time_ns (the statistics' clock reads included): " +
+		"this machine's time, and under emulation (qemu TCG) the emulator's, not a measurement of any hardware")
 	for _, c := range res.Cases {
 		r := c.Runs
 		if r == nil || r.Invalid || r.Units < 100 {
 			t.Errorf("%s: no valid count: %s", c.Name, runsLine(r))
 			continue
 		}
-		t.Log(runsRecord(tier, c.Name, r))
+		t.Log(runsRecord(kconfig.Release(), tier, c.Name, r))
 		for _, p := range r.Programs {
 			// The machine's own traffic meanwhile (a guest's neighbour
 			// discovery, say) may add a few runs to any program.
@@ -92,15 +96,17 @@ func TestRunsPerUnit(t *testing.T) {
 	}
 }
 
-// runsRecord is one case's counts on one line, for cmd/vmtest:
-// RUNS kernel=K tier=T case=C unit=U total=N prog=N ...
-func runsRecord(tier, name string, r *Runs) string {
+// runsRecord is one case's counts and times on one line, for cmd/vmtest:
+// RUNS kernel=K tier=T case=C unit=U total=N ns_per_unit=NS prog=N@NSns ...
+// (runs per unit; the programs' time per unit; each program's runs per
+// unit at its time per run).
+func runsRecord(kernel, tier, name string, r *Runs) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "RUNS kernel=%s tier=%s case=%s unit=%s total=%.2f", kconfig.Release(), tier, name, r.Unit, r.PerUnit)
+	fmt.Fprintf(&b, "RUNS kernel=%s tier=%s case=%s unit=%s total=%.2f ns_per_unit=%.0f", kernel, tier, name, r.Unit, r.PerUnit, r.NsPerUnit)
 	progs := append([]ProgStat(nil), r.Programs...)
 	sort.Slice(progs, func(i, j int) bool { return progs[i].Name < progs[j].Name })
 	for _, p := range progs {
-		fmt.Fprintf(&b, " %s=%.2f", p.Name, float64(p.Runs)/r.Units)
+		fmt.Fprintf(&b, " %s=%.2f@%.0fns", p.Name, float64(p.Runs)/r.Units, p.NsPerRun)
 	}
 	return b.String()
 }
@@ -181,4 +187,16 @@ func runBound(tier string, c CaseResult, r *Runs, prog string, netfilter bool) f
 		return slack // the pods do not NAT: not watched there
 	}
 	return slack // a program this case should not run
+}
+
+// TestRunsRecord: a RUNS line as cmd/vmtest parses it (internal/vmtest,
+// console.go), programs by name.
+func TestRunsRecord(t *testing.T) {
+	r := progRuns("query", 1000, ProgStat{Name: "tp_net_dev_queue", Runs: 5000, RunTimeNs: 1_500_000, NsPerRun: 300},
+		ProgStat{Name: "nf_confirm_soon", Runs: 2000, RunTimeNs: 250_000, NsPerRun: 125})
+	want := "RUNS kernel=6.12.48 tier=tracepoint case=dns-forward unit=query total=7.00 ns_per_unit=1750 " +
+		"nf_confirm_soon=2.00@125ns tp_net_dev_queue=5.00@300ns"
+	if got := runsRecord("6.12.48", "tracepoint", "dns-forward", r); got != want {
+		t.Errorf("RUNS line\n got %q\nwant %q", got, want)
+	}
 }

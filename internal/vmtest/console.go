@@ -77,12 +77,18 @@ type Cell struct {
 	started, ended bool
 }
 
-// Runs is a RUNS line of TestRunsPerUnit: BPF program runs per unit of a
-// cost case.
+// Runs is a RUNS line of TestRunsPerUnit: BPF program runs and time per
+// unit of a cost case.
 type Runs struct {
 	Kernel, Tier, Case string
-	Total              string
-	Progs              []string // prog=runs, in the line's order
+	// Accel is how the guest ran (GuestPlan.Accel): under tcg its times
+	// are the emulator's, not a measurement of any hardware.
+	Accel string
+	Total string
+	// NsPerUnit is the programs' time per unit ("" in a line without
+	// times).
+	NsPerUnit string
+	Progs     []string // prog=runs[@NSns], in the line's order
 }
 
 // GuestLog is one console log, parsed.
@@ -265,9 +271,10 @@ func (g *GuestLog) event(c *Cell, ev testEvent) {
 	}
 }
 
-// runs records a RUNS line: RUNS kernel=K tier=T case=C unit=U total=N prog=N...
+// runs records a RUNS line:
+// RUNS kernel=K tier=T case=C unit=U total=N [ns_per_unit=NS] prog=N[@NSns]...
 func (g *GuestLog) runs(line string) {
-	r := Runs{Kernel: g.Label()}
+	r := Runs{Kernel: g.Label(), Accel: g.Plan.Accel}
 	for _, w := range strings.Fields(line)[1:] {
 		k, v, _ := strings.Cut(w, "=")
 		switch k {
@@ -278,6 +285,8 @@ func (g *GuestLog) runs(line string) {
 			r.Case = v
 		case "total":
 			r.Total = v
+		case "ns_per_unit":
+			r.NsPerUnit = v
 		default:
 			r.Progs = append(r.Progs, w)
 		}

@@ -109,8 +109,13 @@ func TestConsoleRuns(t *testing.T) {
 	}
 	r := g.Runs[0]
 	if r.Kernel != "6.1" || r.Tier != "fentry" || r.Case != "udp-forward" || r.Total != "4.00" ||
-		!slices.Equal(r.Progs, []string{"confirm=1.00", "kfree=0.001", "xmit=3.00"}) {
-		t.Errorf("runs line %+v", r)
+		r.NsPerUnit != "" || r.Accel != "tcg" || !slices.Equal(r.Progs, []string{"confirm=1.00", "kfree=0.001", "xmit=3.00"}) {
+		t.Errorf("runs line without times %+v", r)
+	}
+	r = g.Runs[1]
+	if r.Case != "dns-forward" || r.Total != "9.50" || r.NsPerUnit != "2613" ||
+		!slices.Equal(r.Progs, []string{"confirm=2.00@150ns", "kfree=0.004@900ns", "xmit=7.50@308ns"}) {
+		t.Errorf("runs line with times %+v", r)
 	}
 }
 

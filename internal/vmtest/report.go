@@ -211,14 +211,16 @@ func (r *Report) writeFailedOutput(w io.Writer) {
 	}
 }
 
-// writeRuns prints the RUNS lines (TestRunsPerUnit) as one table of totals,
-// kernel and tier by case, then each program's share; nothing when no guest
-// ran that suite.
+// writeRuns prints the RUNS lines (TestRunsPerUnit) as tables, kernel and
+// tier by case: the runs per unit, then (lines that carry times) the
+// programs' time per unit, then each program's runs per unit at its time per
+// run; nothing when no guest ran that suite.
 func (r *Report) writeRuns(w io.Writer) {
 	type row struct{ kernel, tier string }
 	var rows []row
 	var cases []string
 	total := map[row]map[string]Runs{}
+	timed, emulated := false, false
 	for _, g := range r.Guests {
 		for _, ru := range g.Runs {
 			rw := row{ru.Kernel, ru.Tier}
@@ -230,27 +232,41 @@ func (r *Report) writeRuns(w io.Writer) {
 				cases = append(cases, ru.Case)
 			}
 			total[rw][ru.Case] = ru
+			timed = timed || ru.NsPerUnit != ""
+			emulated = emulated || ru.Accel == "tcg"
 		}
 	}
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nBPF program runs per unit (runs suite, TestRunsPerUnit: per packet sent, answered query or loop)\n")
-	fmt.Fprintf(w, "%-11s %-11s", "kernel", "tier")
-	for _, c := range cases {
-		fmt.Fprintf(w, " %13s", c)
-	}
-	fmt.Fprintln(w)
-	for _, rw := range rows {
-		fmt.Fprintf(w, "%-11s %-11s", rw.kernel, rw.tier)
+	table := func(title string, cell func(Runs) string) {
+		fmt.Fprintf(w, "\n%s\n", title)
+		fmt.Fprintf(w, "%-11s %-11s", "kernel", "tier")
 		for _, c := range cases {
-			v := "-"
-			if ru, ok := total[rw][c]; ok {
-				v = ru.Total
-			}
-			fmt.Fprintf(w, " %13s", v)
+			fmt.Fprintf(w, " %13s", c)
 		}
 		fmt.Fprintln(w)
+		for _, rw := range rows {
+			fmt.Fprintf(w, "%-11s %-11s", rw.kernel, rw.tier)
+			for _, c := range cases {
+				v := "-"
+				if ru, ok := total[rw][c]; ok && cell(ru) != "" {
+					v = cell(ru)
+				}
+				fmt.Fprintf(w, " %13s", v)
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	table("BPF program runs per unit (runs suite, TestRunsPerUnit: per packet sent, answered query or loop)",
+		func(ru Runs) string { return ru.Total })
+	if timed {
+		note := "this machine's time"
+		if emulated {
+			note = "in guests under qemu TCG emulation the emulator's time, not a measurement of any hardware"
+		}
+		table("BPF programs' time per unit, ns (run_time_ns, the statistics' clock reads included; "+note+")",
+			func(ru Runs) string { return ru.NsPerUnit })
 	}
 	for _, rw := range rows {
 		for _, c := range cases {
@@ -261,6 +277,7 @@ func (r *Report) writeRuns(w io.Writer) {
 			var d []string
 			for _, p := range ru.Progs {
 				_, v, _ := strings.Cut(p, "=")
+				v, _, _ = strings.Cut(v, "@")
 				if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0.005 {
 					d = append(d, p)
 				}
