@@ -137,6 +137,27 @@ static __always_inline struct ctmark *seen_marked(struct seen *s)
 	return NULL;
 }
 
+/* mark_is_its_own: a mark found by seen_marked speaks for this entry, not
+ * for an earlier one at the same address with the same original tuple: the
+ * same socket's earlier flow, freed (it expired) and its memory handed to
+ * the socket's next flow. Marks outlive their entries where no slab-free
+ * program runs (6.4+), and the slab may hand a CPU's next entry the one it
+ * freed last, far more often since 7.0 (e47c897a2949, "slab: add sheaves
+ * to most caches").
+ * The earlier one's NAT mapping was another: the entry the mark is of is
+ * the one ct_tuples knows by the reply tuple. Without NAT, then or now, the
+ * two hold the same tuples at the same address, and the maps are right for
+ * both. */
+static __always_inline bool mark_is_its_own(const struct ctmark *m, const struct seen *s, const struct tuple *reply,
+					    struct ct_tuple_key *k)
+{
+	if (!(m->flags & CTM_NAT) && tuple_reversed(reply, &s->orig))
+		return true;
+	tuple_key(k, s->netns, 1, reply);
+	struct ct_ref *r = bpf_map_lookup_elem(&ct_tuples, k);
+	return r && r->ct == (__u64)s->ct;
+}
+
 /* note_ct runs where a tracked query's packet carries an entry (device
  * hooks): the first time an entry is seen confirmed it is remembered by
  * both tuples and losers waiting for it are resolved; a loser inserted
@@ -147,12 +168,13 @@ static __always_inline void note_ct(struct seen *s, __u64 qid, __u32 asker, __u8
 {
 	__u64 ctp = (__u64)s->ct;
 	struct tuple reply = {};
+	struct ct_tuple_key k = {};
+	read_tuple(&reply, s->ct, 1);
+	__u32 nat = tuple_reversed(&reply, &s->orig) ? 0 : CTM_NAT;
 	struct ctmark *m = seen_marked(s);
-	if (m) {
-		if ((m->flags & CTM_NAT) && s->netns == asker) {
-			read_tuple(&reply, s->ct, 1);
+	if (m && mark_is_its_own(m, s, &reply, &k)) {
+		if (nat && s->netns == asker)
 			expect_at_reply(s, qid, &reply, tier);
-		}
 		return;
 	}
 	struct nf_conn *ct = s->ct; /* a plain local: CO-RE must not relocate seen */
@@ -160,12 +182,9 @@ static __always_inline void note_ct(struct seen *s, __u64 qid, __u32 asker, __u8
 	if (!(status & (IPS_CONFIRMED | IPS_NAT_CLASH)))
 		return;
 	announce_netns(s->netns, tier);
-	read_tuple(&reply, s->ct, 1);
-	__u32 nat = tuple_reversed(&reply, &s->orig) ? 0 : CTM_NAT;
 	if (nat && s->netns == asker)
 		expect_at_reply(s, qid, &reply, tier);
 	struct ct_ref ref = {.ct = ctp, .qid = qid};
-	struct ct_tuple_key k = {};
 	if (status & IPS_NAT_CLASH) {
 		/* Inserted in the reply direction only: it holds its reply
 		 * tuple; the original one belongs to the winner. */

@@ -223,7 +223,7 @@ func (c *Correlator) classify(d *pendingDrop) {
 	if rule.raced {
 		p.Race = raceKind(d.ct, winner)
 		qx := q.extraForWrite()
-		qx.race = p.Race
+		qx.race, qx.loserCT = p.Race, d.ct.Ptr
 		if winner.Ptr != 0 {
 			qx.winner = c.flowOf(winner, wqid)
 		}

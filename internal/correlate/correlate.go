@@ -393,6 +393,9 @@ func (c *Correlator) Handle(e *event.Event) {
 	case event.KindWinner:
 		if q := c.ix.lookup(e.QID); q != nil {
 			x := q.extraForWrite()
+			if keepLateWinner(q.src, q.dst, x.winnerCT, e.Winner) || e.Winner.Ptr == x.loserCT {
+				return
+			}
 			x.winnerCT, x.winnerQID = e.Winner, e.WinnerQID
 			if x.winner == nil && q.state == stateLost {
 				x.winner = c.flowOf(e.Winner, e.WinnerQID)

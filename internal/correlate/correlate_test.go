@@ -232,6 +232,57 @@ func TestLateReplyHolderWins(t *testing.T) {
 	}
 }
 
+// The drop found no holder of either of the loser's tuples, and awaits
+// both. The asking socket's next query then makes an entry with the
+// loser's original tuple, at the loser's own address (the slab gives a CPU
+// the entry it freed last: Linux 7.0+ does so nearly always): that is the
+// loser's memory reused after it, no winner, whether it comes before the
+// drop is classified or after.
+func TestLosersAddressIsNoWinner(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		t.Run(map[bool]string{false: "before classify", true: "after classify"}[late], func(t *testing.T) {
+			h := newHarness(t, fakeCounters{node: {InsertFailed: 1, Drop: 1}})
+			a := h.query(0, podA, srcA, 1, dns.TypeA)
+			aaaa := h.query(1, podA, srcA, 2, dns.TypeAAAA)
+			h.answer(ms, aaaa)
+			h.handle(drop(50, a, reasonNetfilter, 1, entry(0xa, srcA, 10004, false)))
+			reused := &event.Event{Kind: event.KindWinner, QID: a, TimeNs: 60, NetNS: node}
+			if late {
+				h.c.Tick(400 * ms)
+				reused.TimeNs = 500 * ms
+			}
+			h.handle(withWinner(reused, entry(0xa, srcA, 10002, true), aaaa))
+			h.c.Tick(900 * ms)
+			h.c.Close(6 * uint64(time.Second))
+			inc := h.only(CauseInsertRace)
+			if race(inc) != "" || inc.Winner != nil {
+				t.Errorf("race %q winner %+v, want none known", race(inc), inc.Winner)
+			}
+		})
+	}
+}
+
+// The drop awaited both holders: the holder of the reply tuple comes
+// first, then the asking socket's next flow (its own entry) with the
+// loser's original tuple. The reply holder stays the winner.
+func TestLateReplyHolderStays(t *testing.T) {
+	h := newHarness(t, fakeCounters{node: {InsertFailed: 1, Drop: 1}})
+	a := h.query(0, podA, srcA, 1, dns.TypeA)
+	aaaa := h.query(1, podA, srcA, 2, dns.TypeAAAA)
+	w := h.query(2, podB, srcB, 9, dns.TypeA)
+	h.answer(ms, aaaa)
+	h.answer(ms, w)
+	h.handle(drop(50, a, reasonNetfilter, 1, entry(0xa, srcA, 10001, false)))
+	h.handle(withWinner(&event.Event{Kind: event.KindWinner, QID: a, TimeNs: 60, NetNS: node}, entry(0xb, srcB, 10001, true), w))
+	h.handle(withWinner(&event.Event{Kind: event.KindWinner, QID: a, TimeNs: 70, NetNS: node}, entry(0xc, srcA, 10002, true), aaaa))
+	h.c.Tick(400 * ms)
+	h.c.Close(6 * uint64(time.Second))
+	inc := h.only(CauseInsertRace)
+	if race(inc) != RaceReplyClash || inc.Winner == nil || inc.Winner.Src != srcB {
+		t.Errorf("race %s winner %+v", race(inc), inc.Winner)
+	}
+}
+
 // The fentry/kprobe tier: confirm said NF_DROP, with nf_ct_resolve_clash's
 // winner: no counter budget is needed.
 func TestInsertRaceConfirmDropSameTuple(t *testing.T) {

@@ -93,6 +93,8 @@
 //
 //	winner                                                     race
 //	none known                                                 -
+//	at the loser's own address: an entry made after the loser  -
+//	  was freed, none known
 //	holds the loser's original tuple: the same socket's        same_tuple
 //	  other query (A/AAAA)
 //	another flow holding the loser's reply tuple: two flows    reply_clash

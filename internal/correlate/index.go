@@ -72,6 +72,9 @@ type queryExtra struct {
 	confirmDrop bool
 	winnerCT    event.CT
 	winnerQID   uint64
+	// loserCT is the address of its entry that lost a race, once its drop
+	// is classified: a late winner there is no winner (raceRules).
+	loserCT uint64
 	// replyCause is set when the answer was seen dropped.
 	replyCause  string
 	replyReason string

@@ -1,6 +1,7 @@
 package correlate
 
 import (
+	"net/netip"
 	"strconv"
 
 	"github.com/dnsrace/dnsrace/internal/event"
@@ -281,6 +282,13 @@ var raceRules = []raceRule{
 		when: func(_, w event.CT) bool { return w.Ptr == 0 },
 	},
 	{
+		// the slab gives a freed entry's memory to the next entry
+		// made on its CPU, most often the loser's own socket's next
+		// flow, which holds the loser's original tuple
+		why:  "at the loser's own address: an entry made after the loser was freed, none known",
+		when: func(l, w event.CT) bool { return w.Ptr == l.Ptr },
+	},
+	{
 		why:  "holds the loser's original tuple: the same socket's other query (A/AAAA)",
 		when: func(l, w event.CT) bool { return w.Orig == l.Orig },
 		race: RaceSameTuple,
@@ -322,18 +330,34 @@ func rescuedRace(loser, winner event.CT) string {
 // the loser's reply tuple from another flow wins over the holder of its
 // original tuple. The kernel drops a loser whose original tuple clashed
 // only when its reply tuple is taken too, so the reply holder is the one
-// that made the difference.
+// that made the difference. An entry at the loser's own address is none
+// (raceRules).
 func pickWinner(loser event.CT, a, b event.CT, aq, bq uint64) (event.CT, uint64) {
-	holds := func(w event.CT) bool { return w.Ptr != 0 && w.Reply == loser.Reply && w.Orig != loser.Orig }
+	some := func(w event.CT) bool { return w.Ptr != 0 && w.Ptr != loser.Ptr }
+	holds := func(w event.CT) bool { return some(w) && w.Reply == loser.Reply && w.Orig != loser.Orig }
 	switch {
 	case holds(a):
 		return a, aq
 	case holds(b):
 		return b, bq
-	case a.Ptr != 0:
+	case some(a):
 		return a, aq
+	case some(b):
+		return b, bq
 	}
-	return b, bq
+	return event.CT{}, 0
+}
+
+// keepLateWinner says whether the late winner a dropped query has (a
+// Winner record: the tracepoint tier saw it confirmed after the drop)
+// stays when another comes. The drop awaits the holders of both of the
+// loser's tuples; an entry of another flow holds its reply tuple and stays
+// over one on the loser's original tuple, the asking socket's (src, dst),
+// which the socket's next flow holds too once the loser is gone (glibc's
+// AAAA after a lost A).
+func keepLateWinner(src, dst netip.AddrPort, have, got event.CT) bool {
+	otherFlow := func(w event.CT) bool { return w.Ptr != 0 && (w.Orig.Src != src || w.Orig.Dst != dst) }
+	return otherFlow(have) && !otherFlow(got)
 }
 
 // isEnumName: s is a C enum constant's name (NETFILTER_DROP), as
