@@ -37,7 +37,8 @@ Environment: DNSRACE_VMTEST_MATRIX_OUT=FILE writes the matrix as JSON; DNSRACE_V
 -test.run pattern of the default suites; DNSRACE_VMTEST_CACHE (the cache, .cache/vmtest);
 DNSRACE_VMTEST_TEST_TIMEOUT (-test.timeout per binary, 600); DNSRACE_VMTEST_MEM (2048), _SMP (2);
 DNSRACE_VMTEST_GUEST_ENV="K=V ..." (every test binary's environment); DNSRACE_VMTEST_TCG_THREAD
-(single, or multi to reproduce the int3 oops); DNSRACE_VMTEST_KEEP=1 keeps the run's initramfs;
+(single, or multi to reproduce the int3 oops); DNSRACE_VMTEST_KERNEL_ARGS="preempt=full ..." (added
+to every guest's kernel command line); DNSRACE_VMTEST_KEEP=1 keeps the run's initramfs;
 DNSRACE_VMTEST_MIRROR, _SECURITY_MIRROR (default: the host's apt sources); DNSRACE_VMTEST_SCOPE=full
 is --full; DNSRACE_VMTEST_{TIMEOUT,TIERS,ACCEL,JOBS,SPLIT,VERBOSE} are defaults of the options.
 `
@@ -70,9 +71,10 @@ func run(ctx context.Context, args []string) error {
 		Cache:       env("DNSRACE_VMTEST_CACHE", filepath.Join(root, ".cache", "vmtest")),
 		TestTimeout: envInt("DNSRACE_VMTEST_TEST_TIMEOUT", 600),
 		Machine: vmtest.Machine{
-			TCGThread: env("DNSRACE_VMTEST_TCG_THREAD", "single"),
-			SMP:       envInt("DNSRACE_VMTEST_SMP", 2),
-			Mem:       envInt("DNSRACE_VMTEST_MEM", 2048),
+			TCGThread:  env("DNSRACE_VMTEST_TCG_THREAD", "single"),
+			SMP:        envInt("DNSRACE_VMTEST_SMP", 2),
+			Mem:        envInt("DNSRACE_VMTEST_MEM", 2048),
+			KernelArgs: os.Getenv("DNSRACE_VMTEST_KERNEL_ARGS"),
 		},
 		RunPattern:     os.Getenv("DNSRACE_VMTEST_RUN"),
 		GuestEnv:       strings.Fields(os.Getenv("DNSRACE_VMTEST_GUEST_ENV")),

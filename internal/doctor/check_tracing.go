@@ -15,18 +15,22 @@ import (
 
 	"github.com/dnsrace/dnsrace/internal/clashfix"
 	"github.com/dnsrace/dnsrace/internal/kconfig"
+	"github.com/dnsrace/dnsrace/internal/preemption"
 )
 
 // kernelConfig returns the value of a CONFIG_ option ("y", "m", "n" for
 // "is not set", "" when unknown) and where it was read, inside the root.
 func (e *env) kernelConfig(opt string, release string) (string, string) {
-	return kconfig.Lookup(func(p string) (*os.File, error) {
-		real, _, err := resolveIn(e.Root, p)
-		if err != nil {
-			return nil, err
-		}
-		return os.Open(real)
-	}, release, opt)
+	return kconfig.Lookup(e.open, release, opt)
+}
+
+// open opens p inside the root.
+func (e *env) open(p string) (*os.File, error) {
+	real, _, err := resolveIn(e.Root, p)
+	if err != nil {
+		return nil, err
+	}
+	return os.Open(real)
 }
 
 // fentryTrial loads a two-instruction fentry program on
@@ -118,6 +122,13 @@ func checkTracing(_ context.Context, e *env) Result {
 		r.Evidence = append(r.Evidence, "lockdown=confidentiality refuses kprobes and bpf_probe_read_kernel")
 	}
 
+	// Where the kernel preempts kernel code, the hooks that run in a task
+	// (confirm of a local socket's packet, the sends, the reads) take
+	// kprobes: a preempted fentry program skips its runs on that CPU
+	// (internal/probe, docs/kernel.md §12).
+	preempt := preemption.Detect(e.open, release)
+	r.Evidence = append(r.Evidence, "preemption model: "+preempt.String())
+
 	// fentry, tp_btf: live trial loads only.
 	fentry, tpbtf := "unknown", "unknown"
 	switch {
@@ -169,6 +180,12 @@ func checkTracing(_ context.Context, e *env) Result {
 		r.Verdict = Fail
 		r.Summary = "dnsrace trace cannot run here: tp_btf programs are refused"
 		r.Fix = "check the BPF LSM policy and kernel.unprivileged_bpf_disabled; run as root with CAP_BPF and CAP_PERFMON"
+	case fentry == "yes" && preempt.Preempts && kprobes != "no":
+		r.Verdict, r.Summary = OK, "dnsrace trace gets kprobes on __nf_conntrack_confirm, the sends and the reads, fentry on nf_ct_resolve_clash: this kernel preempts kernel code, where a fentry program in a task makes its other runs skip"
+	case fentry == "yes" && preempt.Preempts:
+		r.Verdict = Warn
+		r.Summary = "dnsrace trace gets the fentry/fexit tier, but this kernel preempts kernel code and has no kprobes: runs of the hooks in a task (confirm of a local socket's packet, the sends, the reads) can be skipped, counted as recursion misses"
+		r.Fix = "use a kernel with CONFIG_KPROBES=y: the hooks in a task then take kprobes, which run with preemption off"
 	case fentry == "yes":
 		r.Verdict, r.Summary = OK, "dnsrace trace gets the fentry/fexit tier (per-packet clash outcome on __nf_conntrack_confirm)"
 	case kprobes == "yes" && fentry == "no":

@@ -1,5 +1,6 @@
 // Package kconfig reads one option of the running kernel's build
-// configuration, from /proc/config.gz or /boot/config-<release>.
+// configuration, from /proc/config.gz, /boot/config-<release> or
+// /usr/lib/modules/<release>/config.
 //
 // Contract: Lookup opens the files through the caller's Opener, so the
 // same code reads the node's own files (os.Open) or a host tree mounted

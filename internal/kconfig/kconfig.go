@@ -26,8 +26,8 @@ type Opener func(path string) (*os.File, error)
 
 // Lookup returns the value of a CONFIG_ option ("y", "m", a string, "n"
 // when it is not set or absent) and the file it was read from, trying
-// /proc/config.gz, then /boot/config-<release> (skipped when release is
-// ""). Both are "" when neither file can be read.
+// /proc/config.gz, then /boot/config-<release>, then
+// /usr/lib/modules/<release>/config (both skipped when release is ""). Both are "" when neither file can be read.
 func Lookup(open Opener, release, opt string) (value, where string) {
 	try := func(p string, gz bool) (string, bool) {
 		fh, err := open(p)
@@ -50,9 +50,12 @@ func Lookup(open Opener, release, opt string) (value, where string) {
 		return v, "/proc/config.gz"
 	}
 	if release != "" {
-		p := "/boot/config-" + release
-		if v, ok := try(p, false); ok {
-			return v, p
+		// Debian ships Linux 7 without /boot: the config is beside the
+		// modules.
+		for _, p := range []string{"/boot/config-" + release, "/usr/lib/modules/" + release + "/config"} {
+			if v, ok := try(p, false); ok {
+				return v, p
+			}
 		}
 	}
 	return "", ""

@@ -55,6 +55,13 @@ func TestLookup(t *testing.T) {
 		}
 	}
 
+	// Debian's Linux 7 packages have no /boot: the config is beside the
+	// modules.
+	write(t, dir, "/usr/lib/modules/7.2.13+deb14-cloud-amd64/config", "CONFIG_PREEMPT_LAZY=y\n", false)
+	if v, where := Lookup(open, "7.2.13+deb14-cloud-amd64", "CONFIG_PREEMPT_LAZY"); v != "y" || where != "/usr/lib/modules/7.2.13+deb14-cloud-amd64/config" {
+		t.Errorf("the modules' config: %q from %q", v, where)
+	}
+
 	// /proc/config.gz is the running kernel's own: it wins.
 	write(t, dir, "/proc/config.gz", "CONFIG_HZ=1000\n", true)
 	if v, where := Lookup(open, "6.1.0-1", "CONFIG_HZ"); v != "1000" || where != "/proc/config.gz" {

@@ -9,7 +9,11 @@
 //     where legacy kprobes are not built in (CONFIG_KPROBES off, fprobe on),
 //     whichever loads and attaches first (probed with
 //     features.HaveProgramType, a BTF lookup of the function in vmlinux or
-//     module BTF, a real load and a real attach). When the confirm and
+//     module BTF, a real load and a real attach). Where the kernel preempts
+//     kernel code (internal/preemption), the hooks that run in a task
+//     (confirm, skb_consume_udp, the sends) skip fentry: a fentry program
+//     preempted there makes its other runs on that CPU skip
+//     (docs/kernel.md §12); fentry is then their last resort, said so. When the confirm and
 //     delivery hooks attach, the tracer runs in ModeFunction: queries are
 //     first seen at their send, verdicts and winners come from confirm and
 //     clash, answers from skb_consume_udp, and of the tracepoints only

@@ -71,6 +71,13 @@ type fnHook struct {
 	// essential: without it the function mode cannot work, and the
 	// tracer falls back to the tracepoint tier.
 	essential bool
+	// inTask: fn runs in a task, preemptible: a socket's send or read, or
+	// confirm at a local socket's POSTROUTING (nf_ct_resolve_clash runs
+	// inside confirm's bottom-half-off section). On a kernel that preempts
+	// kernel code its fentry program gets preempted there, and the
+	// program's other runs on that CPU are skipped until it resumes
+	// (preemptedError); kprobe programs run with preemption off.
+	inTask bool
 }
 
 // tpHook is a tracepoint hook. modes says which tracer modes attach it
@@ -95,7 +102,7 @@ func fixedTP(prog string) func(*loader) (string, error) {
 // functionHooks, in the order they are attached.
 var functionHooks = []fnHook{
 	{
-		name: "nf_conntrack_confirm", fn: "__nf_conntrack_confirm", module: "nf_conntrack", essential: true,
+		name: "nf_conntrack_confirm", fn: "__nf_conntrack_confirm", module: "nf_conntrack", essential: true, inTask: true,
 		fentry: []attachPoint{
 			{prog: bpf.DnsraceProgFeNfConntrackConfirm, kind: attachTracing},
 			{prog: bpf.DnsraceProgFxNfConntrackConfirm, kind: attachTracing},
@@ -113,17 +120,17 @@ var functionHooks = []fnHook{
 	},
 	{
 		// Answers reaching the asking socket.
-		name: "skb_consume_udp", fn: "skb_consume_udp", essential: true,
+		name: "skb_consume_udp", fn: "skb_consume_udp", essential: true, inTask: true,
 		fentry: []attachPoint{{prog: bpf.DnsraceProgFeSkbConsumeUdp, kind: attachTracing}},
 		kprobe: []attachPoint{{prog: bpf.DnsraceProgKpSkbConsumeUdp, kind: attachKprobe, symbol: "skb_consume_udp"}},
 	},
 	{
-		name: "udp_sendmsg", fn: "udp_sendmsg",
+		name: "udp_sendmsg", fn: "udp_sendmsg", inTask: true,
 		fentry: []attachPoint{{prog: bpf.DnsraceProgFeUdpSendmsg, kind: attachTracing}},
 		kprobe: []attachPoint{{prog: bpf.DnsraceProgKpUdpSendmsg, kind: attachKprobe, symbol: "udp_sendmsg"}},
 	},
 	{
-		name: "udpv6_sendmsg", fn: "udpv6_sendmsg", module: "ipv6",
+		name: "udpv6_sendmsg", fn: "udpv6_sendmsg", module: "ipv6", inTask: true,
 		fentry: []attachPoint{{prog: bpf.DnsraceProgFeUdpv6Sendmsg, kind: attachTracing}},
 		kprobe: []attachPoint{{prog: bpf.DnsraceProgKpUdpv6Sendmsg, kind: attachKprobe, symbol: "udpv6_sendmsg"}},
 	},

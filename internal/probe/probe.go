@@ -21,6 +21,8 @@ import (
 
 	"github.com/dnsrace/dnsrace/internal/bpf"
 	"github.com/dnsrace/dnsrace/internal/event"
+	"github.com/dnsrace/dnsrace/internal/kconfig"
+	"github.com/dnsrace/dnsrace/internal/preemption"
 )
 
 // DefaultRingBufferSize is the ring buffer size when Options leaves it 0:
@@ -287,7 +289,8 @@ func newLoader(opts Options) (*loader, error) {
 	if cfg.Hz, err = tickRate(); err != nil {
 		return nil, err
 	}
-	l := &loader{t: &Tracer{maps: map[string]*ebpf.Map{}}, spec: spec, kspec: kspec, opts: opts, cfg: cfg, cache: cache}
+	l := &loader{t: &Tracer{maps: map[string]*ebpf.Map{}}, spec: spec, kspec: kspec, opts: opts, cfg: cfg, cache: cache,
+		preempt: preemption.Detect(os.Open, kconfig.Release())}
 	if opts.KernelBTF != "" {
 		l.progOpts.KernelTypes = kspec
 		// An explicit kernel spec replaces module BTF too: add the
@@ -330,6 +333,7 @@ type loader struct {
 	cfg      bpf.DnsraceConfig
 	progOpts ebpf.ProgramOptions
 	cache    *btf.Cache // kernel BTF decoded once for every collection
+	preempt  preemption.Model
 }
 
 // load creates a collection holding only progs. Every map they use is
@@ -502,37 +506,67 @@ func (t *Tracer) keep(a attached) {
 
 // function attaches a function hook with the forced tier, or the first of
 // fentry, kprobe that loads and attaches. A forced tier that cannot trace
-// the hook is an error.
+// the hook is an error. A hook that runs in a task takes fentry only where
+// the kernel does not preempt kernel code (preemptedError), or, chosen
+// automatically, as the last resort, saying that it may skip runs.
 func (l *loader) function(h fnHook) (attached, error) {
 	a := attached{h: h, info: ProbeInfo{Hook: h.name}}
 	tiers := []event.Tier{event.TierFentry, event.TierKprobe}
 	if l.opts.Attach != event.TierNone {
 		tiers = []event.Tier{l.opts.Attach}
 	}
+	preempted := h.inTask && l.preempt.Preempts
 	var errs []error
-	for _, tier := range tiers {
+	try := func(tier event.Tier) error {
 		aps := h.fentry
 		if tier == event.TierKprobe {
 			aps = h.kprobe
 		}
 		links, coll, multi, err := l.tryTier(h, tier, aps)
 		if err != nil {
-			if l.opts.Attach != event.TierNone {
-				return a, &TierError{Hook: h.name, Tier: tier, Err: err}
-			}
-			errs = append(errs, fmt.Errorf("%s: %w", tier, err))
-			continue
+			return err
 		}
 		a.links, a.coll = links, coll
 		a.info.Tier, a.info.Attached, a.info.Program = tier, true, progNames(aps)
 		if multi {
 			a.info.Program += " (kprobe.multi)"
 		}
-		a.info.Err = errors.Join(errs...)
-		return a, nil
+		return nil
+	}
+	for _, tier := range tiers {
+		var err error
+		if tier == event.TierFentry && preempted {
+			err = &preemptedError{l.preempt}
+		} else if err = try(tier); err == nil {
+			a.info.Err = errors.Join(errs...)
+			return a, nil
+		}
+		if l.opts.Attach != event.TierNone {
+			return a, &TierError{Hook: h.name, Tier: tier, Err: err}
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", tier, err))
+	}
+	if preempted && l.opts.Attach == event.TierNone {
+		if err := try(event.TierFentry); err != nil {
+			errs = append(errs, fmt.Errorf("fentry, as the last resort: %w", err))
+		} else {
+			errs = append(errs, errors.New("fentry attached anyway: its runs in a preempted task may be skipped (recursion_misses)"))
+		}
 	}
 	a.info.Err = errors.Join(errs...)
 	return a, nil
+}
+
+// preemptedError is why a hook that runs in a task skips fentry: a fentry
+// program runs with migration off but preemption on, and the trampoline
+// counts it in a per-CPU recursion guard ("bpf: Add per-program recursion
+// prevention mechanism", ca06f55b9002, 5.12). Preempted in a task, it
+// keeps the guard, and every run of it on that CPU in the meantime, in any
+// task or softirq, is skipped. kprobe programs run with preemption off.
+type preemptedError struct{ model preemption.Model }
+
+func (e *preemptedError) Error() string {
+	return fmt.Sprintf("this kernel preempts kernel code (%s): a fentry program preempted in a task would make its other runs on that CPU skip until it resumes", e.model)
 }
 
 func progNames(aps []attachPoint) string {

@@ -8,6 +8,9 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/dnsrace/dnsrace/internal/kconfig"
+	"github.com/dnsrace/dnsrace/internal/preemption"
 )
 
 // FentryLimit says why this kernel cannot give dnsrace the fentry tier, or
@@ -15,7 +18,9 @@ import (
 // fentry program must attach to udp_sendmsg (arm64 kernels before 6.4 lack
 // ftrace direct calls, e.g. Debian's 6.1), and nf_conntrack, when it is a
 // module, must have BTF (5.11+, CONFIG_DEBUG_INFO_BTF_MODULES; Debian 11's
-// 5.10 has none).
+// 5.10 has none). On a kernel that preempts kernel code the hooks that run
+// in a task may not use fentry either (internal/preemption; this asks the
+// same package the loader asks).
 func FentryLimit() string {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Type: ebpf.Tracing, AttachType: ebpf.AttachTraceFEntry, AttachTo: "udp_sendmsg", License: "GPL",
@@ -34,6 +39,9 @@ func FentryLimit() string {
 		if _, err := os.Stat("/sys/kernel/btf/nf_conntrack"); errors.Is(err, os.ErrNotExist) {
 			return "nf_conntrack has no BTF (/sys/kernel/btf/nf_conntrack)"
 		}
+	}
+	if m := preemption.Detect(os.Open, kconfig.Release()); m.Preempts {
+		return "this kernel preempts kernel code (" + m.String() + "): the hooks that run in a task take kprobes"
 	}
 	return ""
 }

@@ -20,6 +20,9 @@ type Machine struct {
 	Accel     string // tcg or kvm
 	TCGThread string // single or multi (docs/vmtest.md, "The int3 oops")
 	SMP, Mem  int
+	// KernelArgs are added to every guest's kernel command line (e.g.
+	// "preempt=full": docs/kernel.md §12).
+	KernelArgs string
 }
 
 // cmdline is the kernel command line. no_timer_check (x86): under a loaded
@@ -49,7 +52,7 @@ func (m Machine) qemuArgs(arch, vmlinuz, initrd, append_ string) []string {
 	args := append([]string{qemu, "-accel", accel}, machine...)
 	return append(args, "-smp", strconv.Itoa(m.SMP), "-m", strconv.Itoa(m.Mem),
 		"-nodefaults", "-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
-		"-kernel", vmlinuz, "-initrd", initrd, "-append", cmdline(arch)+" "+append_)
+		"-kernel", vmlinuz, "-initrd", initrd, "-append", strings.Join(strings.Fields(cmdline(arch)+" "+m.KernelArgs+" "+append_), " "))
 }
 
 func envOr(k, def string) string {
