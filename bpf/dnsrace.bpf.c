@@ -132,11 +132,38 @@ int BPF_PROG(tp_kmem_cache_free_site, unsigned long call_site, const void *ptr)
 
 /* ---- __nf_conntrack_confirm ------------------------------------------- */
 
+/* confirm_task_key keys the calling task's confirm stack: its thread id,
+ * or for an idle task (id 0 on every CPU) the CPU, above any id. */
+static __always_inline __u64 confirm_task_key(void)
+{
+	__u64 tid = (__u32)bpf_get_current_pid_tgid();
+	return tid ? tid : (1ULL << 32) | bpf_get_smp_processor_id();
+}
+
+/* confirm_stack_of is the stack confirm's entries and returns pair on: the
+ * CPU's, or where a task can move between them (confirm_by_task) the
+ * task's, made at its first entry when create. */
+static __always_inline struct confirm_stack *confirm_stack_of(__u64 *key, bool create)
+{
+	__u32 zero = 0;
+	struct confirm_stack *cpu = bpf_map_lookup_elem(&confirm_stack, &zero);
+	if (!confirm_by_task || !cpu)
+		return cpu;
+	*key = confirm_task_key();
+	struct confirm_stack *st = bpf_map_lookup_elem(&confirm_stacks, key);
+	if (st || !create)
+		return st;
+	/* The CPU's own stack is unused in this mode: an empty value to copy. */
+	cpu->depth = 0;
+	bpf_map_update_elem(&confirm_stacks, key, cpu, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&confirm_stacks, key);
+}
+
 SEC("kprobe/__nf_conntrack_confirm")
 int BPF_KPROBE(kp_nf_conntrack_confirm, struct sk_buff *skb)
 {
-	__u32 zero = 0;
-	struct confirm_stack *st = bpf_map_lookup_elem(&confirm_stack, &zero);
+	__u64 key = 0;
+	struct confirm_stack *st = confirm_stack_of(&key, true);
 	if (!st)
 		return 0;
 	__u32 d = st->depth;
@@ -155,19 +182,21 @@ int BPF_KPROBE(kp_nf_conntrack_confirm, struct sk_buff *skb)
 SEC("kretprobe/__nf_conntrack_confirm")
 int BPF_KRETPROBE(krp_nf_conntrack_confirm, int ret)
 {
-	__u32 zero = 0;
-	struct confirm_stack *st = bpf_map_lookup_elem(&confirm_stack, &zero);
+	__u64 key = 0;
+	struct confirm_stack *st = confirm_stack_of(&key, false);
 	if (!st || st->depth == 0)
 		return 0;
 	__u32 d = st->depth - 1;
 	st->depth = d;
-	if (d >= CONFIRM_DEPTH)
-		return 0;
-	struct confirm_slot *s = &st->slot[d];
-	if (!s->valid)
-		return 0;
-	s->valid = 0;
-	confirm_exit(&s->pc, (struct sk_buff *)s->skb, ret, TIER_KPROBE);
+	if (d < CONFIRM_DEPTH) {
+		struct confirm_slot *s = &st->slot[d];
+		if (s->valid) {
+			s->valid = 0;
+			confirm_exit(&s->pc, (struct sk_buff *)s->skb, ret, TIER_KPROBE);
+		}
+	}
+	if (confirm_by_task && d == 0)
+		bpf_map_delete_elem(&confirm_stacks, &key);
 	return 0;
 }
 

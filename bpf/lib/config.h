@@ -30,6 +30,11 @@ static __always_inline bool within_ms(__u64 then, __u64 now, __u64 ms)
  * hook starts a flow without a source address. */
 volatile const bool tracepoint_mode = false;
 
+/* Set by the loader where the kernel preempts kernel code (internal/
+ * preemption): the kprobe tier pairs confirm's entries and returns per task,
+ * not per CPU (maps.h, confirm_stacks). */
+volatile const bool confirm_by_task = false;
+
 static __always_inline bool port_in(__u16 port)
 {
 #pragma unroll

@@ -335,6 +335,17 @@ struct {
 	__type(value, struct confirm_stack);
 } confirm_stack SEC(".maps");
 
+/* Where the kernel preempts kernel code (confirm_by_task), a task can be
+ * preempted inside confirm and return on another CPU: the stack is then
+ * the task's, keyed by its thread id (or, for a CPU's idle task, whose id
+ * is 0 on every CPU, by the CPU), and deleted when it empties. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct confirm_stack);
+} confirm_stacks SEC(".maps");
+
 /* The winner nf_ct_resolve_clash saw, for the confirm it runs inside (same
  * CPU, same skb). */
 struct clash_slot {

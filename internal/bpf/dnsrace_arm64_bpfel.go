@@ -393,6 +393,7 @@ const (
 	DnsraceMapConfirmEntry            = "confirm_entry"
 	DnsraceMapConfirmScratch          = "confirm_scratch"
 	DnsraceMapConfirmStack            = "confirm_stack"
+	DnsraceMapConfirmStacks           = "confirm_stacks"
 	DnsraceMapCtCachep                = "ct_cachep"
 	DnsraceMapCtNetns                 = "ct_netns"
 	DnsraceMapCtTuples                = "ct_tuples"
@@ -432,6 +433,7 @@ const (
 	DnsraceProgTpUdpFailQueueRcvSkb   = "tp_udp_fail_queue_rcv_skb"
 	DnsraceProgTpUdpFailQueueRcvSkbSk = "tp_udp_fail_queue_rcv_skb_sk"
 	DnsraceVarCfg                     = "cfg"
+	DnsraceVarConfirmByTask           = "confirm_by_task"
 	DnsraceVarTracepointMode          = "tracepoint_mode"
 	DnsraceVarUnusedAnswer            = "unused_answer"
 	DnsraceVarUnusedEvKind            = "unused_ev_kind"
@@ -520,6 +522,7 @@ type DnsraceMapSpecs struct {
 	ConfirmEntry   *ebpf.MapSpec `ebpf:"confirm_entry"`
 	ConfirmScratch *ebpf.MapSpec `ebpf:"confirm_scratch"`
 	ConfirmStack   *ebpf.MapSpec `ebpf:"confirm_stack"`
+	ConfirmStacks  *ebpf.MapSpec `ebpf:"confirm_stacks"`
 	CtCachep       *ebpf.MapSpec `ebpf:"ct_cachep"`
 	CtNetns        *ebpf.MapSpec `ebpf:"ct_netns"`
 	CtTuples       *ebpf.MapSpec `ebpf:"ct_tuples"`
@@ -543,6 +546,7 @@ type DnsraceMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type DnsraceVariableSpecs struct {
 	Cfg            *ebpf.VariableSpec `ebpf:"cfg"`
+	ConfirmByTask  *ebpf.VariableSpec `ebpf:"confirm_by_task"`
 	TracepointMode *ebpf.VariableSpec `ebpf:"tracepoint_mode"`
 	UnusedAnswer   *ebpf.VariableSpec `ebpf:"unused_answer"`
 	UnusedEvKind   *ebpf.VariableSpec `ebpf:"unused_ev_kind"`
@@ -581,6 +585,7 @@ type DnsraceMaps struct {
 	ConfirmEntry   *ebpf.Map `ebpf:"confirm_entry"`
 	ConfirmScratch *ebpf.Map `ebpf:"confirm_scratch"`
 	ConfirmStack   *ebpf.Map `ebpf:"confirm_stack"`
+	ConfirmStacks  *ebpf.Map `ebpf:"confirm_stacks"`
 	CtCachep       *ebpf.Map `ebpf:"ct_cachep"`
 	CtNetns        *ebpf.Map `ebpf:"ct_netns"`
 	CtTuples       *ebpf.Map `ebpf:"ct_tuples"`
@@ -607,6 +612,7 @@ func (m *DnsraceMaps) Close() error {
 		m.ConfirmEntry,
 		m.ConfirmScratch,
 		m.ConfirmStack,
+		m.ConfirmStacks,
 		m.CtCachep,
 		m.CtNetns,
 		m.CtTuples,
@@ -631,6 +637,7 @@ func (m *DnsraceMaps) Close() error {
 // It can be passed to LoadDnsraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type DnsraceVariables struct {
 	Cfg            *ebpf.Variable `ebpf:"cfg"`
+	ConfirmByTask  *ebpf.Variable `ebpf:"confirm_by_task"`
 	TracepointMode *ebpf.Variable `ebpf:"tracepoint_mode"`
 	UnusedAnswer   *ebpf.Variable `ebpf:"unused_answer"`
 	UnusedEvKind   *ebpf.Variable `ebpf:"unused_ev_kind"`

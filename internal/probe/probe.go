@@ -392,6 +392,11 @@ func (l *loader) loadKprobeMulti(multi bool, progs ...string) (*ebpf.Collection,
 	if err := cs.Variables[bpf.DnsraceVarTracepointMode].Set(l.t.mode == ModeTracepoint); err != nil {
 		return nil, fmt.Errorf("setting the BPF mode: %w", err)
 	}
+	// A task preempted inside confirm may return on another CPU: the
+	// kprobe tier pairs confirm's entry and return per task there.
+	if err := cs.Variables[bpf.DnsraceVarConfirmByTask].Set(l.preempt.Preempts); err != nil {
+		return nil, fmt.Errorf("setting the BPF confirm pairing: %w", err)
+	}
 	repl := map[string]*ebpf.Map{}
 	for name := range cs.Maps {
 		if strings.HasPrefix(name, ".") {
