@@ -587,6 +587,8 @@ func (c *Correlator) expire(now uint64) {
 }
 
 // evictOldest forgets the oldest queries until keep are left (counted).
+// It runs for every query at the cap, where no table or log is sparse
+// enough to shrink: compacting is the tick's (expire).
 func (c *Correlator) evictOldest(keep int) {
 	for c.ix.order.len() > 0 && c.ix.byQID.len() > keep {
 		q := c.ix.popOldest()
@@ -595,7 +597,6 @@ func (c *Correlator) evictOldest(keep int) {
 			c.evicted++
 		}
 	}
-	c.ix.compact()
 }
 
 // Close classifies every pending drop and closes every open stall (as not
