@@ -218,13 +218,12 @@ func decodeDNS(b []byte, d *DNS) {
 		return
 	}
 
-	// Walk the labels by their length bytes only: the dotted form's
-	// length (n, uncut) and where the name ends. The bytes are copied as
-	// they are (the root label too, when traced: Name); show converts them
-	// if the name is asked for.
-	off, n, end, whole := dnsHeaderSz, 0, 0, false
+	// Walk the labels by their length bytes only, to where the name ends.
+	// The bytes are copied as they are (the root label too, when traced:
+	// Name); show converts them if the name is asked for.
+	off, end, whole := dnsHeaderSz, 0, false
 	for {
-		if off >= len(b) {
+		if off >= len(b) { // the capture ended at or inside this label
 			end, d.NameTruncated, d.Valid = len(b), true, true
 			break
 		}
@@ -236,21 +235,15 @@ func decodeDNS(b []byte, d *DNS) {
 		}
 		// A compression pointer or reserved label type, or a name past
 		// 255 wire bytes: not valid.
-		if l&0xc0 != 0 || off+1+l-dnsHeaderSz > 255 {
+		if l&0xc0 != 0 || off+1+l-dnsHeaderSz > maxWire {
 			end = off
 			break
 		}
-		if n > 0 {
-			n++
-		}
 		off += 1 + l
-		if off > len(b) {
-			n += l - (off - len(b))
-			end, d.NameTruncated, d.Valid = len(b), true, true
-			break
-		}
-		n += l
 	}
+	// The dotted form is a byte shorter than the labels: each length byte
+	// but the first is a dot (or, cut inside a label, the bytes it has).
+	n := max(end-dnsHeaderSz-1, 0)
 	if n > MaxName {
 		n, d.NameTruncated = MaxName, true
 	}
