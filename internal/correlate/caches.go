@@ -13,6 +13,20 @@ import (
 
 func (c *Correlator) hashName(b []byte) uint64 { return maphash.Bytes(c.seed, b) }
 
+// shownName is the shown form of q's name (event.Name.String), made once
+// per name while the name stays interned: a flood's stalls mostly ask the
+// same few names.
+func (c *Correlator) shownName(q *query) string {
+	e := &c.strs[q.name&(internSlots-1)]
+	if e.h != q.name || e.n != q.qname {
+		return q.qname.String()
+	}
+	if e.s == "" {
+		e.s = e.n.String()
+	}
+	return e.s
+}
+
 // internSlots is the size of the name intern cache: direct-mapped, so a
 // name costs one load to find, and a node that asks for every name once
 // (a flood, a scan) evicts in place instead of growing and clearing a
@@ -22,6 +36,7 @@ const internSlots = 1 << 13
 type interned struct {
 	h uint64
 	n event.Name
+	s string // n's shown form, once an incident asked for it
 }
 
 // intern returns the question's name as a string, shared with earlier
@@ -32,7 +47,7 @@ type interned struct {
 func (c *Correlator) intern(h uint64, d *event.DNS) event.Name {
 	e := &c.strs[h&(internSlots-1)]
 	if e.h != h || e.n == (event.Name{}) {
-		*e = interned{h, d.Name()}
+		*e = interned{h: h, n: d.Name()}
 	}
 	return e.n
 }

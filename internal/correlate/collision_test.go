@@ -50,7 +50,7 @@ func (h *harness) ask(t uint64, a asker, port, id, qtype uint16) uint64 {
 func (h *harness) checkStalls() {
 	h.t.Helper()
 	c := h.c
-	for o := range c.stalls {
+	for _, o := range c.stalls.s {
 		if s, ok := c.ix.names.get(uint64(o.key)); !ok || s.stall != o {
 			h.t.Fatalf("stall of %s in netns %d (first lost %s/%d) is not its name's (its name has a state: %v)",
 				o.inc.QName, o.inc.NetNS, o.inc.Lost[0].QType, o.inc.Lost[0].ID, ok)
@@ -63,7 +63,7 @@ func (h *harness) checkStalls() {
 		}
 	}
 	for _, sl := range c.ix.names.slots {
-		if sl.k != 0 && sl.v.stall != nil && (!c.stalls[sl.v.stall] || uint64(sl.v.stall.key) != sl.k) {
+		if sl.k != 0 && sl.v.stall != nil && (!c.stalls.has(sl.v.stall) || uint64(sl.v.stall.key) != sl.k) {
 			h.t.Fatalf("name state %x refers to a stall not in progress, or another name's", sl.k)
 		}
 	}

@@ -161,10 +161,12 @@ type Correlator struct {
 	// between CPUs' records: a tick takes them off the front without
 	// copying the rest (a flood of drops holds tens of thousands).
 	drops     fifo[pendingDrop]
-	direct    []bool          // classifyDue's scratch
-	evidence  evidence        // decide's scratch
-	compactAt uint64          // when Tick next gives the drops' memory back
-	stalls    map[*stall]bool // stalls in progress
+	direct    []bool   // classifyDue's scratch
+	evidence  evidence // decide's scratch
+	compactAt uint64   // when Tick next gives the drops' memory back
+	stalls    stallSet // stalls in progress
+	// freeRetries: retry states of closed stalls, for the next ones
+	freeRetries []*retries
 	// stallLow is at most lastAttempt of every stall in progress (their
 	// earliest as of the last walk): expire walks stalls only once one may
 	// be past QueryTTL. A walk costs a cache miss per stall, and a flood
@@ -229,7 +231,7 @@ type Correlator struct {
 func New(cfg Config) *Correlator {
 	cfg.defaults()
 	return &Correlator{cfg: cfg, seed: maphash.MakeSeed(), ix: newIndex(),
-		stalls: map[*stall]bool{}, kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned),
+		kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned),
 		latest: new([resendSlots]resendSlot), latestByNS: new([latestSlots]latestRef), history: new([historySlots]historySet),
 		late: map[nameKey]lateIncident{}, byID: new([byIDSlots]byIDRef), copies: map[uint64]copied{}, earlyUntracked: map[uint64]uint64{}, lastAnswers: new([lastAnswerSlots]lastAnswer)}
 }
@@ -272,7 +274,7 @@ func (c *Correlator) OldestOpen() uint64 {
 			oldest = t
 		}
 	}
-	for o := range c.stalls {
+	for _, o := range c.stalls.s {
 		take(o.firstNs)
 	}
 	for _, l := range c.waitingOut {
@@ -567,19 +569,19 @@ func (c *Correlator) expire(now uint64) {
 	// expired: that attempt's other queries (sent up to MinRetryGap
 	// later, on other sockets for Go's resolver) expire into it first.
 	wait := ttl + uint64(c.cfg.MinRetryGap)
-	if len(c.stalls) > 0 && c.stallLow+wait <= now {
+	if c.stalls.len() > 0 && c.stallLow+wait <= now {
 		low := uint64(math.MaxUint64)
-		for o := range c.stalls {
+		c.stalls.each(func(o *stall) {
 			if at := c.lastAttempt(o); at+wait <= now {
 				c.finish(o, now)
 			} else {
 				low = min(low, at)
 			}
-		}
+		})
 		c.stallLow = low
 	}
-	if c.stallLog.len() > 2*len(c.stalls)+1024 {
-		c.stallLog.keep(func(o *stall) bool { return c.stalls[o] })
+	if c.stallLog.len() > 2*c.stalls.len()+1024 {
+		c.stallLog.keep(c.stalls.has)
 		c.stallLog.compact()
 	}
 	for k, t := range c.counted {
@@ -590,6 +592,8 @@ func (c *Correlator) expire(now uint64) {
 }
 
 // evictOldest forgets the oldest queries until keep are left (counted).
+// It runs for every query at the cap, where no table or log is sparse
+// enough to shrink: compacting is the tick's (expire).
 func (c *Correlator) evictOldest(keep int) {
 	for c.ix.order.len() > 0 && c.ix.byQID.len() > keep {
 		q := c.ix.popOldest()
@@ -598,7 +602,6 @@ func (c *Correlator) evictOldest(keep int) {
 			c.evicted++
 		}
 	}
-	c.ix.compact()
 }
 
 // Close classifies every pending drop and closes every open stall (as not
@@ -614,8 +617,6 @@ func (c *Correlator) Close(now uint64) {
 		}
 	}
 	end := max(now, c.lastNs)
-	for o := range c.stalls {
-		c.finish(o, end)
-	}
+	c.stalls.each(func(o *stall) { c.finish(o, end) })
 	c.emitLingering(end, true)
 }

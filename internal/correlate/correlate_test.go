@@ -611,8 +611,8 @@ func TestStallCap(t *testing.T) {
 		h.handle(drop(uint64(10+i), q, reasonNetfilter, 1, event.CT{}))
 	}
 	h.c.Tick(400 * ms)
-	if st := h.c.Stats(); st.StallsReportedEarly != 2 || len(h.c.stalls) != 3 {
-		t.Errorf("stats %+v, %d stalls in progress; want 2 reported early, 3 in progress", st, len(h.c.stalls))
+	if st := h.c.Stats(); st.StallsReportedEarly != 2 || h.c.stalls.len() != 3 {
+		t.Errorf("stats %+v, %d stalls in progress; want 2 reported early, 3 in progress", st, h.c.stalls.len())
 	}
 	if len(h.incidents) != 2 || h.incidents[0].NetNS != 100 || h.incidents[1].NetNS != 101 {
 		t.Fatalf("incidents before the cap's are %+v, want the two oldest stalls", h.incidents)
@@ -623,8 +623,8 @@ func TestStallCap(t *testing.T) {
 		}
 	}
 	h.c.Close(uint64(time.Second))
-	if len(h.incidents) != 5 || len(h.c.stalls) != 0 {
-		t.Errorf("%d incidents after Close, want 5; %d in progress", len(h.incidents), len(h.c.stalls))
+	if len(h.incidents) != 5 || h.c.stalls.len() != 0 {
+		t.Errorf("%d incidents after Close, want 5; %d in progress", len(h.incidents), h.c.stalls.len())
 	}
 }
 
@@ -641,8 +641,8 @@ func TestStallLogShrinks(t *testing.T) {
 		// another id: not a resend, so the query ends the stall at once
 		h.query(5*uint64(time.Second), uint32(1000+i), srcA, uint16(i+1), dns.TypeA)
 	}
-	if len(h.incidents) != n || len(h.c.stalls) != 0 || h.c.stallLog.len() != n {
-		t.Fatalf("%d incidents, %d stalls open, %d in the log; want %d, 0, %d", len(h.incidents), len(h.c.stalls), h.c.stallLog.len(), n, n)
+	if len(h.incidents) != n || h.c.stalls.len() != 0 || h.c.stallLog.len() != n {
+		t.Fatalf("%d incidents, %d stalls open, %d in the log; want %d, 0, %d", len(h.incidents), h.c.stalls.len(), h.c.stallLog.len(), n, n)
 	}
 	h.c.Tick(5*uint64(time.Second) + 1)
 	if l := h.c.stallLog.len(); l != 0 {

@@ -480,8 +480,8 @@ func (ix *index) forget(q *query) {
 	}
 	q.dead = true
 	ix.leaveYoung(q)
-	if cur, _ := ix.byQID.get(q.qid); cur == q {
-		ix.byQID.del(q.qid)
+	if i := ix.byQID.find(q.qid); i >= 0 && ix.byQID.slots[i].v == q {
+		ix.byQID.delAt(i)
 	}
 	// Lost queries stay linked until the next walk: unlink q whatever
 	// its state, its struct may be reused. A query not linked leaves its

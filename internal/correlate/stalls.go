@@ -11,10 +11,12 @@ import "github.com/dnsrace/dnsrace/internal/event"
 // no stall.
 
 // stall is one lookup's stall while it is in progress: its lost queries. Its
-// incident, and room for the usual one lost query, are part of it: a flood
-// of drops opens tens of thousands of stalls a second, each then one
-// allocation, not four. What only a stall that sees a retry needs is
-// in *retries, allocated then.
+// incident, room for the usual one lost query, and what the incident's
+// pointers point to when it closes (its stall, retry and sibling) are part
+// of it: a flood of drops opens and closes tens of thousands of stalls a
+// second, each then one allocation (the incident, which outlives the
+// stall), not six. What only a stall that sees a retry needs is in
+// *retries, taken from the Correlator's free list then.
 type stall struct {
 	inc     *Incident // &incident
 	key     nameKey
@@ -34,10 +36,51 @@ type stall struct {
 	// its first attempt's queries are forgotten (QueryTTL).
 	sib *query
 	r   *retries
+	// openAt is its place in Correlator.stalls while it is in progress.
+	openAt int
 
 	incident Incident
 	query1   [1]*query
 	lost1    [1]Packet
+	stallMs  float64
+	retryOf  Retry
+	sibling  Sibling
+}
+
+// stallSet is the stalls in progress: each knows its place in the slice,
+// so opening and closing one writes no map.
+type stallSet struct{ s []*stall }
+
+func (set *stallSet) add(o *stall) {
+	o.openAt = len(set.s)
+	set.s = append(set.s, o)
+}
+
+// remove takes o out, if it is in, moving the last stall to its place.
+func (set *stallSet) remove(o *stall) {
+	if !set.has(o) {
+		return
+	}
+	last := set.s[len(set.s)-1]
+	set.s[o.openAt], last.openAt = last, o.openAt
+	set.s[len(set.s)-1] = nil
+	set.s = set.s[:len(set.s)-1]
+}
+
+func (set *stallSet) has(o *stall) bool {
+	return o.openAt < len(set.s) && set.s[o.openAt] == o
+}
+
+func (set *stallSet) len() int { return len(set.s) }
+
+// each calls fn for every stall in progress; fn may close the stall it is
+// given (and no other).
+func (set *stallSet) each(fn func(*stall)) {
+	for i := len(set.s) - 1; i >= 0; i-- {
+		if i < len(set.s) {
+			fn(set.s[i])
+		}
+	}
 }
 
 // retries is what a stall that sees a retry needs.
@@ -66,10 +109,16 @@ type asked struct {
 
 func askedOf(q *query) asked { return asked{id: lookupID(q), pid: q.pid, sock: q.sock} }
 
-// retries returns o's retry state, allocating it on first use.
-func (o *stall) retries() *retries {
+// retriesOf returns o's retry state, taken from the free list on first
+// use (closeStall gives it back).
+func (c *Correlator) retriesOf(o *stall) *retries {
 	if o.r == nil {
-		o.r = &retries{}
+		if n := len(c.freeRetries); n > 0 {
+			o.r = c.freeRetries[n-1]
+			c.freeRetries = c.freeRetries[:n-1]
+		} else {
+			o.r = &retries{}
+		}
 		o.r.attempt, o.r.ids = o.r.attempt1[:0], o.r.ids1[:0]
 	}
 	return o.r
@@ -125,7 +174,7 @@ func (c *Correlator) retry(q *query) {
 			c.closeStall(o, q.sentNs, true)
 			break
 		}
-		r := o.retries()
+		r := c.retriesOf(o)
 		r.attempt = append(r.attempt[:0], q)
 		q.held = true
 		if !o.waiting {
@@ -134,7 +183,7 @@ func (c *Correlator) retry(q *query) {
 		}
 	case q.sentNs < o.retry.sentNs+gap:
 		if c.resends(o, q) {
-			r := o.retries()
+			r := c.retriesOf(o)
 			r.attempt = append(r.attempt, q)
 			q.held = true
 		}
@@ -160,7 +209,7 @@ func (c *Correlator) resends(o *stall, q *query) bool {
 	}
 	// The siblings are looked up once, at the stall's first retry, while
 	// the first attempt's queries are still in flight.
-	r := o.retries()
+	r := c.retriesOf(o)
 	for ; r.idsOf < len(o.queries); r.idsOf++ {
 		l := o.queries[r.idsOf]
 		r.ids = append(r.ids, askedOf(l))
@@ -254,7 +303,7 @@ func (c *Correlator) endAttempts(now uint64) {
 	n := 0
 	for _, o := range c.waiting {
 		switch {
-		case o.retry == nil || !c.stalls[o]:
+		case o.retry == nil || !c.stalls.has(o):
 			o.waiting = false
 			continue
 		case (now >= o.retry.sentNs+gap || o.resentAll()) && o.attemptOver():
@@ -342,10 +391,10 @@ func (c *Correlator) markLost(q *query, p Packet) {
 		// when nothing else is going on, and a state held across it was
 		// recycled for another name with this stall in it.
 		c.ix.nameStateOf(q.nk).stall = o
-		if len(c.stalls) == 0 || o.attemptNs < c.stallLow {
+		if c.stalls.len() == 0 || o.attemptNs < c.stallLow {
 			c.stallLow = o.attemptNs
 		}
-		c.stalls[o] = true
+		c.stalls.add(o)
 		c.stallLog.push(o)
 	}
 	q.held = true
@@ -364,8 +413,8 @@ func (c *Correlator) markLost(q *query, p Packet) {
 // capStalls makes room for one more stall in progress: past MaxStalls the
 // oldest is reported now, as not retried, and counted.
 func (c *Correlator) capStalls(now uint64) {
-	for len(c.stalls) >= c.cfg.MaxStalls && c.stallLog.len() > 0 {
-		if o := c.stallLog.pop(); c.stalls[o] {
+	for c.stalls.len() >= c.cfg.MaxStalls && c.stallLog.len() > 0 {
+		if o := c.stallLog.pop(); c.stalls.has(o) {
 			c.finish(o, now)
 			c.early++
 		}
@@ -383,7 +432,7 @@ func (c *Correlator) fillIncident(inc *Incident, q *query, cause, race string) {
 	c.nextID++
 	*inc = Incident{
 		Type: "incident", ID: c.nextID, Time: c.cfg.Wall(q.sentNs), Cause: cause,
-		QName: q.qname.String(), Name: q.qname, QType: QType(q.qtype), NetNS: q.netns, PID: q.pid,
+		QName: c.shownName(q), Name: q.qname, QType: QType(q.qtype), NetNS: q.netns, PID: q.pid,
 		Comm: c.comm(q.comm), Cgroup: q.cgroup, Src: q.src, Dst: q.dst,
 		NodeNetNS: q.nodeNS, Tier: tierOf(q), Lost: []Packet{},
 	}
@@ -455,7 +504,7 @@ func (c *Correlator) gaveUp(o *stall) bool {
 // else is going on there: a caller must not use a *nameState it holds
 // across it.
 func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
-	delete(c.stalls, o)
+	c.stalls.remove(o)
 	if s, ok := c.ix.names.get(uint64(o.key)); ok && s.stall == o {
 		s.stall = nil
 		c.ix.dropName(o.key, s)
@@ -465,23 +514,24 @@ func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
 	case c.gaveUp(o):
 		// Told of every loss, the sender asked nothing again (dnsmasq
 		// answers its client at once): nobody waited.
-		zero := 0.0
-		inc.StallMs, inc.RefusedAtSend = &zero, true
+		o.stallMs = 0
+		inc.StallMs, inc.RefusedAtSend = &o.stallMs, true
 	default:
 		inc.Retried = retried
 		if r := o.retry; r != nil {
-			inc.Retry = &Retry{QType: QType(r.qtype), ID: r.id, Src: r.src, Dst: r.dst}
+			o.retryOf = Retry{QType: QType(r.qtype), ID: r.id, Src: r.src, Dst: r.dst}
+			inc.Retry = &o.retryOf
 		}
 		switch {
 		case retried:
-			ms := float64(endNs-o.firstNs) / 1e6
-			inc.StallMs = &ms
+			o.stallMs = float64(endNs-o.firstNs) / 1e6
+			inc.StallMs = &o.stallMs
 		case o.attemptNs > o.firstNs:
 			// No retry ended it, but the lookup tried again and lost
 			// again: it waited at least until its last attempt (then
 			// gave up, or the trace ended).
-			ms := float64(o.attemptNs-o.firstNs) / 1e6
-			inc.StallMs, inc.StallAtLeast = &ms, true
+			o.stallMs = float64(o.attemptNs-o.firstNs) / 1e6
+			inc.StallMs, inc.StallAtLeast = &o.stallMs, true
 		}
 	}
 	first := o.queries[0]
@@ -499,7 +549,8 @@ func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
 		inc.NodeNetNS = first.nodeNS
 	}
 	if o.sib != nil {
-		inc.Sibling = describeSibling(first, o.sib)
+		o.sibling = siblingOf(first, o.sib)
+		inc.Sibling = &o.sibling
 	}
 	if inc.Cause == CauseNoReply {
 		c.explainByForwarder(inc, first)
@@ -514,6 +565,10 @@ func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
 				c.ix.recycle(q)
 			}
 		}
+	}
+	if r := o.r; r != nil {
+		*r = retries{}
+		c.freeRetries = append(c.freeRetries, r)
 	}
 	o.r, o.sib = nil, nil
 }
@@ -532,11 +587,16 @@ func (c *Correlator) emit(inc *Incident, q, sib *query) {
 // describeSibling describes other, the other query of q's A/AAAA pair
 // (siblingQuery).
 func describeSibling(q, other *query) *Sibling {
+	s := siblingOf(q, other)
+	return &s
+}
+
+func siblingOf(q, other *query) Sibling {
 	gap := int64(other.sentNs) - int64(q.sentNs)
 	if gap < 0 {
 		gap = -gap
 	}
-	return &Sibling{
+	return Sibling{
 		QType: QType(other.qtype), ID: other.id, GapUs: float64(gap) / 1e3,
 		CPUs: [2]int{int(q.cpu), int(other.cpu)}, Answered: other.state == stateAnswered,
 		Lost: other.state == stateLost,

@@ -39,9 +39,13 @@ func (t *table[V]) resize(bits uint) {
 // four that differ only in their two low bits (consecutive query ids) start
 // in one aligned group of four slots, a cache line of pointer slots: the
 // query stream's inserts and its evictions then miss the cache once per
-// four queries, not once per query.
+// four queries, not once per query. The four go in backwards, the oldest
+// last: queries are forgotten oldest first, so a delete's hole is then
+// followed by the hole its older neighbour left, and its backward shift
+// (del) looks at no slot, where in order it looked at the rest of the
+// group and past it, four slots a delete.
 func (t *table[V]) slot(k uint64) int {
-	return int(((k>>2)*0x9e3779b97f4a7c15)>>(t.shift+2))<<2 | int(k&3)
+	return int(((k>>2)*0x9e3779b97f4a7c15)>>(t.shift+2))<<2 | int(^k&3)
 }
 
 func (t *table[V]) mask() int { return len(t.slots) - 1 }
@@ -97,16 +101,29 @@ func (t *table[V]) set(k uint64, v V) {
 	}
 }
 
+// find returns the slot that holds k, or -1.
+func (t *table[V]) find(k uint64) int {
+	for i := t.slot(k); ; i = (i + 1) & t.mask() {
+		switch t.slots[i].k {
+		case k:
+			return i
+		case 0:
+			return -1
+		}
+	}
+}
+
 // del removes k, shifting the rest of its probe run back so no lookup
 // ever crosses a hole.
 func (t *table[V]) del(k uint64) {
-	m := t.mask()
-	i := t.slot(k)
-	for ; t.slots[i].k != k; i = (i + 1) & m {
-		if t.slots[i].k == 0 {
-			return
-		}
+	if i := t.find(k); i >= 0 {
+		t.delAt(i)
 	}
+}
+
+// delAt empties slot i (full), shifting the rest of its probe run back.
+func (t *table[V]) delAt(i int) {
+	m := t.mask()
 	for j := (i + 1) & m; t.slots[j].k != 0; j = (j + 1) & m {
 		// Move j back to the hole at i unless its home slot lies
 		// cyclically in (i, j]: then it must stay after i.
@@ -122,34 +139,27 @@ func (t *table[V]) del(k uint64) {
 
 func (t *table[V]) len() int { return t.n }
 
-// keepOnly drops every entry keep refuses, in place, a run of full slots
-// at a time: the run's kept entries go back in from their home slots,
-// which lie inside the run, so the sweep reads and writes the slots in
-// order (no cache miss per entry kept, as a rehash into a new array would
-// take). The table then doubles if the rest fill more than a quarter of it.
+// keepOnly drops every entry keep refuses, in place: one pass over the
+// slots from an empty one, each refused entry deleted as del deletes
+// (the entries after it in its run shift back, and the slot is looked at
+// again), so the entries kept are neither moved nor hashed again, and the
+// pass reads and writes the slots in order (no cache miss per entry kept,
+// as a rehash into a new array would take). The table then doubles if the
+// rest fill more than a quarter of it.
 func (t *table[V]) keepOnly(keep func(*V) bool) {
 	m := t.mask()
 	start := 0 // an empty slot: no run crosses it (the table is never full)
 	for t.slots[start].k != 0 {
 		start++
 	}
-	var kept []slot[V]
-	for i := 1; i <= len(t.slots); i++ {
-		j := (start + i) & m
-		if t.slots[j].k == 0 {
+	// An entry shifted back lands in the slot just emptied or later in
+	// its run: never in a slot the pass has left behind.
+	for i, seen := (start+1)&m, 1; seen <= len(t.slots); {
+		if t.slots[i].k != 0 && !keep(&t.slots[i].v) {
+			t.delAt(i)
 			continue
 		}
-		kept = kept[:0]
-		for ; t.slots[j].k != 0; j, i = (j+1)&m, i+1 {
-			if keep(&t.slots[j].v) {
-				kept = append(kept, t.slots[j])
-			}
-			t.slots[j] = slot[V]{}
-			t.n--
-		}
-		for _, s := range kept {
-			t.set(s.k, s.v)
-		}
+		i, seen = (i+1)&m, seen+1
 	}
 	if 4*t.n > len(t.slots) {
 		t.resize(64 - t.shift + 1)

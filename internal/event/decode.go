@@ -103,7 +103,7 @@ var le = binary.LittleEndian
 // NameTruncated is set when the dotted form was cut at MaxName or the
 // capture ended inside the name; QType is 0 when it was not captured.
 func Decode(raw []byte, e *Event) error {
-	*e = Event{}
+	e.reset()
 	if len(raw) < HdrSize {
 		return ErrShortRecord
 	}
@@ -122,7 +122,7 @@ func Decode(raw []byte, e *Event) error {
 		e.PID = le.Uint32(raw[offQPID:])
 		e.Flags = raw[offQFlags]
 		copy(e.Comm[:], raw[offQComm:offQComm+16])
-		e.Packet = decodeTuple(raw[offQTuple : offQTuple+tupleSize])
+		decodeTuple(raw[offQTuple:offQTuple+tupleSize], &e.Packet)
 		return decodeTail(raw, QuerySize, int(le.Uint16(raw[offQDNSLen:])), &e.DNS)
 	case recAnswer:
 		if len(raw) < AnswerSize {
@@ -147,7 +147,7 @@ func Decode(raw []byte, e *Event) error {
 		e.Location = le.Uint64(raw[offELocation:])
 		e.WinnerQID = le.Uint64(raw[offEWinnerQID:])
 		e.Reason = le.Uint32(raw[offEReason:])
-		e.Packet = decodeTuple(raw[offEPkt : offEPkt+tupleSize])
+		decodeTuple(raw[offEPkt:offEPkt+tupleSize], &e.Packet)
 		switch n := le.Uint16(raw[offEDNSLen:]); {
 		case len(raw) >= EventSize:
 			decodeCT(raw[offECT:offECT+ctSize], &e.CT)
@@ -176,23 +176,21 @@ func decodeTail(raw []byte, fixed, n int, d *DNS) error {
 	return nil
 }
 
-func decodeTuple(b []byte) Tuple {
-	var t Tuple
-	var src, dst netip.Addr
+// decodeTuple fills t (zero) in place: a Tuple built on the stack and
+// copied out was read back before its stores had landed, and the stalled
+// load was a fifth of a query record's decode.
+func decodeTuple(b []byte, t *Tuple) {
 	switch b[tupFamily] {
 	case 4:
-		src = netip.AddrFrom4([4]byte(b[tupSaddr : tupSaddr+4]))
-		dst = netip.AddrFrom4([4]byte(b[tupDaddr : tupDaddr+4]))
+		t.Src = netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[tupSaddr:tupSaddr+4])), le.Uint16(b[tupSport:]))
+		t.Dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[tupDaddr:tupDaddr+4])), le.Uint16(b[tupDport:]))
 	case 6:
-		src = netip.AddrFrom16([16]byte(b[tupSaddr : tupSaddr+16]))
-		dst = netip.AddrFrom16([16]byte(b[tupDaddr : tupDaddr+16]))
+		t.Src = netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[tupSaddr:tupSaddr+16])), le.Uint16(b[tupSport:]))
+		t.Dst = netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[tupDaddr:tupDaddr+16])), le.Uint16(b[tupDport:]))
 	default:
-		return t
+		return
 	}
-	t.Src = netip.AddrPortFrom(src, le.Uint16(b[tupSport:]))
-	t.Dst = netip.AddrPortFrom(dst, le.Uint16(b[tupDport:]))
 	t.Proto = b[tupProto]
-	return t
 }
 
 func decodeCT(b []byte, c *CT) {
@@ -201,12 +199,12 @@ func decodeCT(b []byte, c *CT) {
 		return
 	}
 	c.Status = le.Uint32(b[ctStatus:])
-	c.Orig = decodeTuple(b[ctOrig : ctOrig+tupleSize])
-	c.Reply = decodeTuple(b[ctReply : ctReply+tupleSize])
+	decodeTuple(b[ctOrig:ctOrig+tupleSize], &c.Orig)
+	decodeTuple(b[ctReply:ctReply+tupleSize], &c.Reply)
 }
 
 // decodeDNS parses the header and first question of a captured DNS
-// message prefix into d (which the caller has zeroed).
+// message prefix into d (reset: every field zero but the name's buffers).
 func decodeDNS(b []byte, d *DNS) {
 	if len(b) < dnsHeaderSz {
 		return
@@ -220,13 +218,12 @@ func decodeDNS(b []byte, d *DNS) {
 		return
 	}
 
-	// Walk the labels by their length bytes only: the dotted form's
-	// length (n, uncut) and where the name ends. The bytes are copied as
-	// they are (the root label too, when traced: Name); show converts them
-	// if the name is asked for.
-	off, n, end, whole := dnsHeaderSz, 0, 0, false
+	// Walk the labels by their length bytes only, to where the name ends.
+	// The bytes are copied as they are (the root label too, when traced:
+	// Name); show converts them if the name is asked for.
+	off, end, whole := dnsHeaderSz, 0, false
 	for {
-		if off >= len(b) {
+		if off >= len(b) { // the capture ended at or inside this label
 			end, d.NameTruncated, d.Valid = len(b), true, true
 			break
 		}
@@ -238,29 +235,23 @@ func decodeDNS(b []byte, d *DNS) {
 		}
 		// A compression pointer or reserved label type, or a name past
 		// 255 wire bytes: not valid.
-		if l&0xc0 != 0 || off+1+l-dnsHeaderSz > 255 {
+		if l&0xc0 != 0 || off+1+l-dnsHeaderSz > maxWire {
 			end = off
 			break
 		}
-		if n > 0 {
-			n++
-		}
 		off += 1 + l
-		if off > len(b) {
-			n += l - (off - len(b))
-			end, d.NameTruncated, d.Valid = len(b), true, true
-			break
-		}
-		n += l
 	}
+	// The dotted form is a byte shorter than the labels: each length byte
+	// but the first is a dot (or, cut inside a label, the bytes it has).
+	n := max(end-dnsHeaderSz-1, 0)
 	if n > MaxName {
 		n, d.NameTruncated = MaxName, true
 	}
 	d.NameLen = uint8(n)
-	// The walk keeps end-dnsHeaderSz <= maxWire: the labels fit, and the
-	// byte after them is zero (d was zeroed), the root label of a whole
-	// name.
+	// The walk keeps end-dnsHeaderSz <= maxWire: the labels fit, and so
+	// does the root label of a whole name after them.
 	d.wireLen, d.whole = uint8(copy(d.wire[:], b[dnsHeaderSz:end])), whole
+	d.wire[d.wireLen] = 0
 	if whole && off+2 <= len(b) {
 		d.QType = binary.BigEndian.Uint16(b[off:])
 	}

@@ -3,6 +3,7 @@ package event
 import (
 	"bytes"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 	"unsafe"
@@ -493,6 +494,100 @@ func BenchmarkDecode(b *testing.B) {
 	for b.Loop() {
 		if err := Decode(raw, &e); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestResetZeroesEveryField: reset, which Decode starts with, leaves every
+// field of an Event zero but the name's buffers, whatever fields the
+// struct gains: each is set here through reflection first.
+func TestResetZeroesEveryField(t *testing.T) {
+	var e Event
+	buffers := map[string]bool{"DNS.wire": true, "DNS.name": true}
+	var fill func(v reflect.Value, path string)
+	fill = func(v reflect.Value, path string) {
+		if v.Kind() == reflect.Struct && v.Type().PkgPath() == reflect.TypeFor[Event]().PkgPath() {
+			for i := range v.NumField() {
+				f := v.Field(i)
+				// unexported fields too: this package's own
+				f = reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem()
+				fill(f, strings.TrimPrefix(path+"."+v.Type().Field(i).Name, "."))
+			}
+			return
+		}
+		switch v.Kind() {
+		case reflect.Bool:
+			v.SetBool(true)
+		case reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			v.SetUint(1)
+		case reflect.Array:
+			for i := range v.Len() {
+				v.Index(i).SetUint(0xff)
+			}
+		default:
+			if v.Type() != reflect.TypeFor[netip.AddrPort]() {
+				t.Fatalf("%s: a %v: teach this test to fill it", path, v.Type())
+			}
+			v.Set(reflect.ValueOf(netip.MustParseAddrPort("10.0.0.1:53")))
+		}
+		if v.IsZero() {
+			t.Fatalf("%s: not filled", path)
+		}
+	}
+	fill(reflect.ValueOf(&e).Elem(), "")
+	e.reset()
+	var check func(v reflect.Value, path string)
+	check = func(v reflect.Value, path string) {
+		if v.Kind() == reflect.Struct && v.Type().PkgPath() == reflect.TypeFor[Event]().PkgPath() {
+			for i := range v.NumField() {
+				check(v.Field(i), strings.TrimPrefix(path+"."+v.Type().Field(i).Name, "."))
+			}
+			return
+		}
+		if !buffers[path] && !v.IsZero() {
+			t.Errorf("%s: not zeroed by reset", path)
+		}
+	}
+	check(reflect.ValueOf(e), "")
+}
+
+// TestDecodeOverDecoded: a record decodes the same into an Event that held
+// another record as into a new one (reset leaves the name's buffers as
+// they were).
+func TestDecodeOverDecoded(t *testing.T) {
+	var q bpf.DnsraceRecQuery
+	q.T.Family = 4
+	long := queryRecord(&q, query(t, "a-rather-long-label.kubernetes.default.svc.cluster.local.", dns.TypeAAAA))
+	short := queryRecord(&q, query(t, "svc.", dns.TypeA))
+	cut := queryRecord(&q, query(t, "example.com.", dns.TypeA)[:dnsHeaderSz+5])
+	var a bpf.DnsraceRecAnswer
+	a.H.Type = recAnswer
+	answer := append([]byte{}, bytesOf(&a)...)
+	var ev bpf.DnsraceRecEvent
+	ev.Kind, ev.Flags = uint8(bpf.DnsraceEvKindEV_DROP), FlagResponse|FlagWinner
+	ev.Pkt.Family, ev.Ct.Ptr, ev.Ct.Orig.Family, ev.Winner.Ptr = 6, 1, 4, 2
+	drop := eventRecord(&ev, query(t, "svc-00.lab.test.", dns.TypeAAAA))
+	records := [][]byte{long, short, cut, answer, drop}
+	for _, first := range records {
+		for _, second := range records {
+			var reused, fresh Event
+			if err := Decode(first, &reused); err != nil {
+				t.Fatal(err)
+			}
+			_ = reused.DNS.QName() // fills the shown form
+			errReused, errFresh := Decode(second, &reused), Decode(second, &fresh)
+			if errReused != errFresh {
+				t.Fatalf("errors %v and %v", errReused, errFresh)
+			}
+			if reused.DNS.Name() != fresh.DNS.Name() || reused.DNS.QName() != fresh.DNS.QName() ||
+				!bytes.Equal(reused.DNS.NameKey(), fresh.DNS.NameKey()) {
+				t.Errorf("name %q / %q, shown %q / %q", reused.DNS.Name().Wire(), fresh.DNS.Name().Wire(),
+					reused.DNS.QName(), fresh.DNS.QName())
+			}
+			reused.DNS.wire, reused.DNS.name = fresh.DNS.wire, fresh.DNS.name
+			if reused != fresh {
+				t.Errorf("decoded over another record:\n%+v\nalone:\n%+v", reused, fresh)
+			}
 		}
 	}
 }

@@ -338,6 +338,22 @@ type Event struct {
 	Location  uint64 // Drop: address that freed the skb
 }
 
+// reset zeroes every field of e but the DNS name's two buffers (wire and
+// name), which are read only as far as their lengths say: they are 384 of
+// the Event's 880 bytes, and zeroing them was most of what an answer
+// record's decode cost. TestResetZeroesEveryField holds this list to the
+// struct.
+func (e *Event) reset() {
+	e.Kind, e.Tier, e.Flags, e.TimeNs, e.CPU, e.NetNS, e.QID = 0, 0, 0, 0, 0, 0, 0
+	e.PID, e.Comm, e.Cgroup = 0, [16]byte{}, 0
+	e.Packet = Tuple{}
+	d := &e.DNS
+	d.Valid, d.ID, d.Response, d.Rcode, d.QType, d.NameLen, d.NameTruncated = false, 0, false, 0, 0, 0, false
+	d.wireLen, d.whole, d.shown = 0, false, false
+	e.CT, e.Winner = CT{}, CT{}
+	e.WinnerQID, e.Reason, e.Location = 0, 0, 0
+}
+
 // Response reports whether the record's packet is a DNS response.
 func (e *Event) Response() bool { return e.Flags&FlagResponse != 0 }
 

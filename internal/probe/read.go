@@ -80,16 +80,21 @@ func (t *Tracer) Read(ctx context.Context, fn func(*event.Event), idle func()) e
 	drained := make(chan error, 1)
 	go func() { drained <- t.drain(ctx, full, free) }()
 	for b := range full {
-		start := 0
+		// Counted once a batch: an atomic add per record cost as much as
+		// a record's decode.
+		start, malformed := 0, uint64(0)
 		for _, end := range b.ends {
 			raw := b.buf[start:end]
 			start = end
-			t.bytes.Add(uint64(len(raw)))
 			if err := event.Decode(raw, &t.ev); err != nil {
-				t.malformed.Add(1)
+				malformed++
 				continue
 			}
 			fn(&t.ev)
+		}
+		t.bytes.Add(uint64(len(b.buf)))
+		if malformed > 0 {
+			t.malformed.Add(malformed)
 		}
 		if t.sweeper != nil {
 			// Flows the sweeper evicted young: their queries' answers
@@ -139,11 +144,6 @@ func (t *Tracer) drain(ctx context.Context, full chan<- *batch, free <-chan *bat
 	// (which takes the reader's lock) never waits for a blocked read.
 	t.rd.SetDeadline(time.Now().Add(IdleEvery))
 	for {
-		// What was copied goes to the caller before a read that may
-		// block: a batch never waits for the ring to fill again.
-		if len(b.ends) > 0 && t.rd.AvailableBytes() == 0 {
-			hand(false)
-		}
 		if err := t.rd.ReadInto(&t.rec); err != nil {
 			switch {
 			case errors.Is(err, ringbuf.ErrClosed):
@@ -161,7 +161,11 @@ func (t *Tracer) drain(ctx context.Context, full chan<- *batch, free <-chan *bat
 			return fmt.Errorf("reading the ring buffer: %w", err)
 		}
 		b.add(t.rec.RawSample)
-		if b.full() {
+		// What was copied goes to the caller before a read that may
+		// block (the ring was empty as of this read: Remaining, from the
+		// read's own look at the ring, not another per record): a batch
+		// never waits for the ring to fill again.
+		if b.full() || t.rec.Remaining == 0 {
 			hand(false)
 		}
 	}
