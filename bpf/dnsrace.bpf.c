@@ -28,6 +28,7 @@
 #include "lib/device.h"
 #include "lib/confirm.h"
 #include "lib/socket.h"
+#include "lib/sweep.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -348,4 +349,13 @@ int BPF_PROG(tp_udp_fail_queue_rcv_skb_sk, int rc, struct sock *sk)
 	b->r.pkt = t;
 	emit_event(b, EV_RCVBUF_FULL, TIER_TRACEPOINT, 0, netns, 0, 0);
 	return 0;
+}
+
+/* ==== run by the loader ================================================= */
+
+/* The flow table's sweep (lib/sweep.h): a test run, never attached. */
+SEC("xdp")
+int sweep_flows(struct xdp_md *ctx)
+{
+	return sweep(ctx);
 }

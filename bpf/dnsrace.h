@@ -160,6 +160,30 @@ struct rec_event {
 	/* followed by dns_len bytes of the DNS message */
 };
 
+/* The flow table's sweep (bpf/lib/sweep.h), run by the loader with
+ * BPF_PROG_TEST_RUN: this struct is the run's packet, in and out. */
+#define SWEEP_BUCKETS 64
+
+enum sweep_table {
+	SWEEP_FLOWS = 0,
+	SWEEP_ANSWERS = 1,
+};
+
+struct sweep_io {
+	__u32 table;   /* in: enum sweep_table */
+	__u32 max_age; /* in: older entries, in jiffies, are swept */
+	/* in: entries at least evict_all jiffies old are evicted, and
+	 * evict_some of those at least evict_from old; evict_all 0: none */
+	__u32 evict_all;
+	__u32 evict_from;
+	__u32 evict_some;
+	__u32 swept;     /* out */
+	__u32 evicted;   /* out: each reported as EV_UNTRACKED */
+	__u32 left;      /* out: entries kept */
+	/* out: the kept entries by age, bucket age * SWEEP_BUCKETS / (max_age + 1) */
+	__u32 hist[SWEEP_BUCKETS];
+};
+
 /* Runtime filters, one read-only global set by the loader before load. */
 struct config {
 	__u16 ports[MAX_PORTS]; /* DNS ports, host order; unused slots 0 */

@@ -96,10 +96,9 @@ struct flow {
 /* A plain preallocated hash, not an LRU: an answered query's flow is
  * inserted and deleted once each, and an LRU pays for its lists at both
  * (and evicts in per-CPU batches before it is full). The flows nobody
- * deletes (queries never answered) are swept
- * by the loader once older than any answer can be (internal/probe,
- * sweep.go); a full table refuses a new flow, counted and said in its
- * QUERY record (RF_UNTRACKED). */
+ * deletes (queries never answered) are swept once older than any answer
+ * can be (lib/sweep.h); a full table refuses a new flow, counted and said
+ * in its QUERY record (RF_UNTRACKED). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 32768); /* the loader may resize */

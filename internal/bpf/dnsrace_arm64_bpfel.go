@@ -374,6 +374,26 @@ const (
 	DnsraceStatIndexSTAT_MAX            DnsraceStatIndex = 4
 )
 
+type DnsraceSweepIo struct {
+	_         structs.HostLayout
+	Table     uint32
+	MaxAge    uint32
+	EvictAll  uint32
+	EvictFrom uint32
+	EvictSome uint32
+	Swept     uint32
+	Evicted   uint32
+	Left      uint32
+	Hist      [64]uint32
+}
+
+type DnsraceSweepTable uint32
+
+const (
+	DnsraceSweepTableSWEEP_FLOWS   DnsraceSweepTable = 0
+	DnsraceSweepTableSWEEP_ANSWERS DnsraceSweepTable = 1
+)
+
 type DnsraceTier uint32
 
 const (
@@ -423,6 +443,7 @@ const (
 	DnsraceProgKpUdpv6Sendmsg         = "kp_udpv6_sendmsg"
 	DnsraceProgKrpNfConntrackConfirm  = "krp_nf_conntrack_confirm"
 	DnsraceProgNfConfirmSoon          = "nf_confirm_soon"
+	DnsraceProgSweepFlows             = "sweep_flows"
 	DnsraceProgTpKfreeSkbNoreason     = "tp_kfree_skb_noreason"
 	DnsraceProgTpKfreeSkbReason       = "tp_kfree_skb_reason"
 	DnsraceProgTpKfreeSkbRxSk         = "tp_kfree_skb_rx_sk"
@@ -443,6 +464,8 @@ const (
 	DnsraceVarUnusedRecFlags          = "unused_rec_flags"
 	DnsraceVarUnusedRecType           = "unused_rec_type"
 	DnsraceVarUnusedStat              = "unused_stat"
+	DnsraceVarUnusedSweepIo           = "unused_sweep_io"
+	DnsraceVarUnusedSweepTable        = "unused_sweep_table"
 	DnsraceVarUnusedTier              = "unused_tier"
 )
 
@@ -501,6 +524,7 @@ type DnsraceProgramSpecs struct {
 	KpUdpv6Sendmsg         *ebpf.ProgramSpec `ebpf:"kp_udpv6_sendmsg"`
 	KrpNfConntrackConfirm  *ebpf.ProgramSpec `ebpf:"krp_nf_conntrack_confirm"`
 	NfConfirmSoon          *ebpf.ProgramSpec `ebpf:"nf_confirm_soon"`
+	SweepFlows             *ebpf.ProgramSpec `ebpf:"sweep_flows"`
 	TpKfreeSkbNoreason     *ebpf.ProgramSpec `ebpf:"tp_kfree_skb_noreason"`
 	TpKfreeSkbReason       *ebpf.ProgramSpec `ebpf:"tp_kfree_skb_reason"`
 	TpKfreeSkbRxSk         *ebpf.ProgramSpec `ebpf:"tp_kfree_skb_rx_sk"`
@@ -545,18 +569,20 @@ type DnsraceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type DnsraceVariableSpecs struct {
-	Cfg            *ebpf.VariableSpec `ebpf:"cfg"`
-	ConfirmByTask  *ebpf.VariableSpec `ebpf:"confirm_by_task"`
-	TracepointMode *ebpf.VariableSpec `ebpf:"tracepoint_mode"`
-	UnusedAnswer   *ebpf.VariableSpec `ebpf:"unused_answer"`
-	UnusedEvKind   *ebpf.VariableSpec `ebpf:"unused_ev_kind"`
-	UnusedEvent    *ebpf.VariableSpec `ebpf:"unused_event"`
-	UnusedHdr      *ebpf.VariableSpec `ebpf:"unused_hdr"`
-	UnusedQuery    *ebpf.VariableSpec `ebpf:"unused_query"`
-	UnusedRecFlags *ebpf.VariableSpec `ebpf:"unused_rec_flags"`
-	UnusedRecType  *ebpf.VariableSpec `ebpf:"unused_rec_type"`
-	UnusedStat     *ebpf.VariableSpec `ebpf:"unused_stat"`
-	UnusedTier     *ebpf.VariableSpec `ebpf:"unused_tier"`
+	Cfg              *ebpf.VariableSpec `ebpf:"cfg"`
+	ConfirmByTask    *ebpf.VariableSpec `ebpf:"confirm_by_task"`
+	TracepointMode   *ebpf.VariableSpec `ebpf:"tracepoint_mode"`
+	UnusedAnswer     *ebpf.VariableSpec `ebpf:"unused_answer"`
+	UnusedEvKind     *ebpf.VariableSpec `ebpf:"unused_ev_kind"`
+	UnusedEvent      *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedHdr        *ebpf.VariableSpec `ebpf:"unused_hdr"`
+	UnusedQuery      *ebpf.VariableSpec `ebpf:"unused_query"`
+	UnusedRecFlags   *ebpf.VariableSpec `ebpf:"unused_rec_flags"`
+	UnusedRecType    *ebpf.VariableSpec `ebpf:"unused_rec_type"`
+	UnusedStat       *ebpf.VariableSpec `ebpf:"unused_stat"`
+	UnusedSweepIo    *ebpf.VariableSpec `ebpf:"unused_sweep_io"`
+	UnusedSweepTable *ebpf.VariableSpec `ebpf:"unused_sweep_table"`
+	UnusedTier       *ebpf.VariableSpec `ebpf:"unused_tier"`
 }
 
 // DnsraceObjects contains all objects after they have been loaded into the kernel.
@@ -636,18 +662,20 @@ func (m *DnsraceMaps) Close() error {
 //
 // It can be passed to LoadDnsraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type DnsraceVariables struct {
-	Cfg            *ebpf.Variable `ebpf:"cfg"`
-	ConfirmByTask  *ebpf.Variable `ebpf:"confirm_by_task"`
-	TracepointMode *ebpf.Variable `ebpf:"tracepoint_mode"`
-	UnusedAnswer   *ebpf.Variable `ebpf:"unused_answer"`
-	UnusedEvKind   *ebpf.Variable `ebpf:"unused_ev_kind"`
-	UnusedEvent    *ebpf.Variable `ebpf:"unused_event"`
-	UnusedHdr      *ebpf.Variable `ebpf:"unused_hdr"`
-	UnusedQuery    *ebpf.Variable `ebpf:"unused_query"`
-	UnusedRecFlags *ebpf.Variable `ebpf:"unused_rec_flags"`
-	UnusedRecType  *ebpf.Variable `ebpf:"unused_rec_type"`
-	UnusedStat     *ebpf.Variable `ebpf:"unused_stat"`
-	UnusedTier     *ebpf.Variable `ebpf:"unused_tier"`
+	Cfg              *ebpf.Variable `ebpf:"cfg"`
+	ConfirmByTask    *ebpf.Variable `ebpf:"confirm_by_task"`
+	TracepointMode   *ebpf.Variable `ebpf:"tracepoint_mode"`
+	UnusedAnswer     *ebpf.Variable `ebpf:"unused_answer"`
+	UnusedEvKind     *ebpf.Variable `ebpf:"unused_ev_kind"`
+	UnusedEvent      *ebpf.Variable `ebpf:"unused_event"`
+	UnusedHdr        *ebpf.Variable `ebpf:"unused_hdr"`
+	UnusedQuery      *ebpf.Variable `ebpf:"unused_query"`
+	UnusedRecFlags   *ebpf.Variable `ebpf:"unused_rec_flags"`
+	UnusedRecType    *ebpf.Variable `ebpf:"unused_rec_type"`
+	UnusedStat       *ebpf.Variable `ebpf:"unused_stat"`
+	UnusedSweepIo    *ebpf.Variable `ebpf:"unused_sweep_io"`
+	UnusedSweepTable *ebpf.Variable `ebpf:"unused_sweep_table"`
+	UnusedTier       *ebpf.Variable `ebpf:"unused_tier"`
 }
 
 // DnsracePrograms contains all programs after they have been loaded into the kernel.
@@ -667,6 +695,7 @@ type DnsracePrograms struct {
 	KpUdpv6Sendmsg         *ebpf.Program `ebpf:"kp_udpv6_sendmsg"`
 	KrpNfConntrackConfirm  *ebpf.Program `ebpf:"krp_nf_conntrack_confirm"`
 	NfConfirmSoon          *ebpf.Program `ebpf:"nf_confirm_soon"`
+	SweepFlows             *ebpf.Program `ebpf:"sweep_flows"`
 	TpKfreeSkbNoreason     *ebpf.Program `ebpf:"tp_kfree_skb_noreason"`
 	TpKfreeSkbReason       *ebpf.Program `ebpf:"tp_kfree_skb_reason"`
 	TpKfreeSkbRxSk         *ebpf.Program `ebpf:"tp_kfree_skb_rx_sk"`
@@ -693,6 +722,7 @@ func (p *DnsracePrograms) Close() error {
 		p.KpUdpv6Sendmsg,
 		p.KrpNfConntrackConfirm,
 		p.NfConfirmSoon,
+		p.SweepFlows,
 		p.TpKfreeSkbNoreason,
 		p.TpKfreeSkbReason,
 		p.TpKfreeSkbRxSk,

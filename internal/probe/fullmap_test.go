@@ -43,11 +43,13 @@ import (
 func TestFullFlowTable(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
-	t.Run("veth", func(t *testing.T) { fullFlowTable(t, false) })
-	t.Run("tun", func(t *testing.T) { fullFlowTable(t, true) })
+	t.Run("veth", func(t *testing.T) { fullFlowTable(t, false, false) })
+	t.Run("tun", func(t *testing.T) { fullFlowTable(t, true, false) })
+	// as on kernels without bpf_for_each_map_elem (before 5.13)
+	t.Run("veth-syscalls", func(t *testing.T) { fullFlowTable(t, false, true) })
 }
 
-func fullFlowTable(t *testing.T, viaTun bool) {
+func fullFlowTable(t *testing.T, viaTun, bySyscalls bool) {
 	const (
 		entries    = 1024
 		maxAge     = 2 * time.Second
@@ -70,7 +72,7 @@ func fullFlowTable(t *testing.T, viaTun bool) {
 	nftRules(t, n.server, nftables.TableFamilyINet, nftables.ChainTypeFilter,
 		nftables.ChainHookInput, nftables.ChainPriorityFilter,
 		join(udpDport(dropPort), []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}})...)
-	tr := openTier(t, Options{Attach: testTier(t), Ports: []uint16{53, silentPort, dropPort}, FlowEntries: entries, FlowMaxAge: maxAge})
+	tr := openTier(t, Options{Attach: testTier(t), Ports: []uint16{53, silentPort, dropPort}, FlowEntries: entries, FlowMaxAge: maxAge, sweepBySyscalls: bySyscalls})
 
 	// Counted in the client namespace only: other tests may run traffic
 	// on this machine meanwhile. The answered queries are those to port

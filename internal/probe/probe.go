@@ -87,6 +87,10 @@ type Options struct {
 	// set). The drain is locked to its thread and gives the nice value
 	// back before it ends (NiceThread).
 	ReaderNice int
+
+	// sweepBySyscalls walks the flow table with map syscalls, as on
+	// kernels without bpf_for_each_map_elem: tests run both ways.
+	sweepBySyscalls bool
 }
 
 // sharedBTF, when set, holds the running kernel's BTF across Opens: the
@@ -225,7 +229,7 @@ func Open(opts Options) (*Tracer, error) {
 		return nil, fmt.Errorf("opening the ring buffer reader: %w", err)
 	}
 	t.nice = opts.ReaderNice
-	if t.sweeper, err = startSweeper(t.maps[bpf.DnsraceMapFlows], t.maps[bpf.DnsraceMapAnswers], l.cfg.Hz, opts.FlowMaxAge); err != nil {
+	if t.sweeper, err = startSweeper(l.sweepProgram(), t.maps[bpf.DnsraceMapFlows], t.maps[bpf.DnsraceMapAnswers], l.cfg.Hz, opts.FlowMaxAge); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -417,6 +421,23 @@ func (l *loader) loadKprobeMulti(multi bool, progs ...string) (*ebpf.Collection,
 		MapReplacements: repl,
 		Cache:           l.cache,
 	})
+}
+
+// sweepProgram loads the flow table's sweep program, or returns nil where
+// the kernel cannot run it (bpf_for_each_map_elem is Linux 5.13+): the
+// sweeper then walks the table with map syscalls. Empty programs fill
+// nothing, and a tracer without both tables has nothing for it.
+func (l *loader) sweepProgram() *ebpf.Program {
+	if l.opts.sweepBySyscalls || l.opts.EmptyPrograms ||
+		l.t.maps[bpf.DnsraceMapFlows] == nil || l.t.maps[bpf.DnsraceMapAnswers] == nil {
+		return nil
+	}
+	coll, err := l.load(bpf.DnsraceProgSweepFlows)
+	if err != nil {
+		return nil
+	}
+	l.t.colls = append(l.t.colls, coll)
+	return coll.Programs[bpf.DnsraceProgSweepFlows]
 }
 
 // sharedMap returns map name, creating it on first use.

@@ -3,7 +3,9 @@ package probe
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,14 +19,21 @@ import (
 // The flow table (flows, and answers where NAT rewrites answers in the
 // asking namespace) is a plain hash map: the programs insert a query's
 // entry and delete it at its answer, and nothing else ever deletes the
-// entries of queries never answered. The sweeper does, from user space:
-// an entry last seen longer ago than any answer can come (FlowMaxAge) is
+// entries of queries never answered. The sweeper does, on a timer: an
+// entry last seen longer ago than any answer can come (FlowMaxAge) is
 // swept. A table past sweepHigh full, with queries lost faster than they
 // age out, has its oldest entries evicted down to sweepLow, counted:
-// their late answers, if any, are not matched, and Read reports each such
-// query untracked (event.KindUntracked). Between sweeps a burst can
+// their late answers, if any, are not matched, and each such query is
+// reported untracked (event.KindUntracked). Between sweeps a burst can
 // still fill it; the programs then refuse new entries and say so
 // (STAT_FLOWS_REFUSED, and the query untracked).
+//
+// The walk is a BPF program run on demand (bpf/lib/sweep.h), which reports
+// the evicted queries in the ring itself: a map syscall holds the CPU's
+// bpf_prog_active while it works, and a kprobe program that fires on that
+// CPU meanwhile is skipped; where the kernel preempts kernel code, for as
+// long as the sweeping thread waits to run again. Kernels without
+// bpf_for_each_map_elem (before 5.13) are walked with batch syscalls.
 
 const (
 	// DefaultFlowMaxAge outlives the correlator's QueryTTL (12 s), after
@@ -68,8 +77,10 @@ type sweepTable interface {
 	sweep(now, maxAge uint32, evicted *[]uint64) (swept, nEvicted int, full float64, err error)
 }
 
-// startSweeper sweeps flows and answers every sweepEvery until stop.
-func startSweeper(flows, answers *ebpf.Map, hz uint32, maxAge time.Duration) (*sweeper, error) {
+// startSweeper sweeps flows and answers every sweepEvery until stop, with
+// prog (the sweep_flows program) where the kernel loaded it, else with map
+// syscalls.
+func startSweeper(prog *ebpf.Program, flows, answers *ebpf.Map, hz uint32, maxAge time.Duration) (*sweeper, error) {
 	j, err := newJiffies()
 	if err != nil {
 		return nil, err
@@ -78,11 +89,16 @@ func startSweeper(flows, answers *ebpf.Map, hz uint32, maxAge time.Duration) (*s
 		maxAge = DefaultFlowMaxAge
 	}
 	s := &sweeper{j: j, hz: hz, maxAge: uint32(maxAge.Seconds() * float64(hz))}
-	if flows != nil {
+	if prog != nil {
+		s.tables = []sweepTable{
+			&progTable{prog: prog, table: bpf.DnsraceSweepTableSWEEP_FLOWS, size: int(flows.MaxEntries())},
+			&progTable{prog: prog, table: bpf.DnsraceSweepTableSWEEP_ANSWERS, size: int(answers.MaxEntries())},
+		}
+	} else if flows != nil {
 		s.tables = append(s.tables, &table[bpf.DnsraceFlowKey, bpf.DnsraceFlow]{m: flows,
 			ts: func(v *bpf.DnsraceFlow) (uint64, uint64) { return v.Ts, v.Qid }})
 	}
-	if answers != nil {
+	if answers != nil && prog == nil {
 		s.tables = append(s.tables, &table[bpf.DnsraceAnsKey, bpf.DnsraceAns]{m: answers,
 			ts: func(v *bpf.DnsraceAns) (uint64, uint64) { return v.Ts, v.Qid }})
 	}
@@ -252,4 +268,78 @@ func (t *table[K, V]) delete(keys []K, deleted func(i int)) int {
 		keys, base = keys[n+1:], base+n+1
 	}
 	return count
+}
+
+// progTable is a table the sweep_flows program walks.
+type progTable struct {
+	prog    *ebpf.Program
+	table   bpf.DnsraceSweepTable
+	size    int
+	in, out []byte
+}
+
+// sweep runs the program once, and, past sweepHigh full, again to evict
+// the oldest entries down to sweepLow. The program bins the entries it
+// keeps by age; the eviction takes the bins beyond the one where the count
+// is reached, and the rest from that bin, whichever it meets first. The
+// evicted queries reach the ring as EV_UNTRACKED records, not evicted.
+func (t *progTable) sweep(_, maxAge uint32, _ *[]uint64) (swept, nEvicted int, full float64, err error) {
+	io, err := t.run(bpf.DnsraceSweepIo{MaxAge: maxAge})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	swept, left := int(io.Swept), int(io.Left)
+	if float64(left) > sweepHigh*float64(t.size) {
+		in := evictOldest(io.Hist[:], left-int(sweepLow*float64(t.size)), maxAge)
+		if io, err = t.run(in); err != nil {
+			return swept, 0, 0, err
+		}
+		swept, nEvicted, left = swept+int(io.Swept), int(io.Evicted), int(io.Left)
+	}
+	return swept, nEvicted, float64(left) / float64(t.size), nil
+}
+
+func (t *progTable) run(io bpf.DnsraceSweepIo) (bpf.DnsraceSweepIo, error) {
+	io.Table = uint32(t.table)
+	size := binary.Size(io)
+	if t.in == nil {
+		t.in, t.out = make([]byte, size), make([]byte, size)
+	}
+	if _, err := binary.Encode(t.in, binary.NativeEndian, &io); err != nil {
+		return io, err
+	}
+	ret, err := t.prog.Run(&ebpf.RunOptions{Data: t.in, DataOut: t.out})
+	if err != nil {
+		return io, fmt.Errorf("running the sweep program: %w", err)
+	}
+	if ret != xdpPass {
+		return io, fmt.Errorf("the sweep program returned %d: its input was short", ret)
+	}
+	_, err = binary.Decode(t.out, binary.NativeEndian, &io)
+	return io, err
+}
+
+// xdpPass is what the sweep program returns when it ran.
+const xdpPass = 2
+
+// evictOldest is the sweep's input that evicts the n oldest of the entries
+// binned in hist (bin i holds the ages a with a*len(hist)/(maxAge+1) = i):
+// every entry of the bins older than the one where the count reaches n,
+// and the rest of n from that bin.
+func evictOldest(hist []uint32, n int, maxAge uint32) bpf.DnsraceSweepIo {
+	io := bpf.DnsraceSweepIo{MaxAge: maxAge}
+	bins := uint64(len(hist))
+	edge := func(i int) uint32 { // the youngest age of bin i
+		return uint32((uint64(i)*(uint64(maxAge)+1) + bins - 1) / bins)
+	}
+	older := 0
+	for i := len(hist) - 1; i >= 0; i-- {
+		if older+int(hist[i]) >= n {
+			io.EvictAll, io.EvictFrom, io.EvictSome = edge(i+1), edge(i), uint32(n-older)
+			return io
+		}
+		older += int(hist[i])
+	}
+	io.EvictAll, io.EvictFrom, io.EvictSome = edge(len(hist)), 0, uint32(older)
+	return io
 }
