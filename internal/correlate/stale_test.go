@@ -102,3 +102,38 @@ func TestStaleNATServerGone(t *testing.T) {
 		})
 	}
 }
+
+// TestLastAnswerSurvivesPodSockets: a forwarder's socket, answered again
+// and again, keeps its last answer while a node's pods answer thousands of
+// one-shot sockets (in a table of 8,192 slots, one-shot sockets alone
+// would overwrite a given slot within some thousands of answers).
+func TestLastAnswerSurvivesPodSockets(t *testing.T) {
+	c := New(Config{})
+	fwd := &query{sock: sockOf(fwdSock, netip.MustParseAddrPort("10.96.0.10:53"))}
+	now := uint64(1e9)
+	for range 3 {
+		now += 1e6
+		c.noteAnswer(fwd, now)
+	}
+	forwarderLast := now
+	for i := range 100_000 {
+		pod := &query{sock: sockOf(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 16), byte(i >> 8)}), uint16(i)),
+			netip.MustParseAddrPort("10.244.0.250:53"))}
+		now += 1e5
+		c.noteAnswer(pod, now)
+	}
+	if a := c.lastAnswerOf(fwd.sock); a == nil || a.atNs != forwarderLast {
+		t.Fatalf("the forwarder's last answer after 100,000 pod sockets: %+v, want at %d", a, forwarderLast)
+	}
+	// A socket silent for longer than lastAnswerKeep gives its slot up.
+	now += lastAnswerKeep + 1
+	for i := range 100_000 {
+		pod := &query{sock: sockOf(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 245, byte(i >> 16), byte(i >> 8)}), uint16(i)),
+			netip.MustParseAddrPort("10.244.0.250:53"))}
+		now += 1e5
+		c.noteAnswer(pod, now)
+	}
+	if a := c.lastAnswerOf(fwd.sock); a != nil {
+		t.Errorf("a socket silent for %v still holds its slot", lastAnswerKeep)
+	}
+}
