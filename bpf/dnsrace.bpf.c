@@ -189,6 +189,9 @@ int BPF_KRETPROBE(krp_nf_conntrack_confirm, int ret)
 		return 0;
 	__u32 d = st->depth - 1;
 	st->depth = d;
+	/* Bound d itself: the compiler would test depth instead, and verifiers
+	 * before about 6.11 do not carry that bound over to depth - 1. */
+	barrier_var(d);
 	if (d < CONFIRM_DEPTH) {
 		struct confirm_slot *s = &st->slot[d];
 		if (s->valid) {
