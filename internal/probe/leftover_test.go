@@ -1,7 +1,9 @@
 package probe
 
 import (
+	"bytes"
 	"encoding/binary"
+	"errors"
 	"testing"
 	"time"
 	"unsafe"
@@ -96,16 +98,32 @@ func flowNetNS(v []byte) uint32 {
 	return binary.NativeEndian.Uint32(v[unsafe.Offsetof(bpf.DnsraceFlow{}.Netns):])
 }
 
+// forEachEntry calls fn for every entry of map name. The programs and the
+// sweeper delete entries meanwhile, and an iteration that loses its place
+// too often is aborted: it is taken again, and fn sees one whole pass.
 func forEachEntry(t *testing.T, tr *Tracer, name string, fn func(k, v []byte)) {
 	t.Helper()
-	var k, v []byte
-	it := mapOf(t, tr, name).Iterate()
-	for it.Next(&k, &v) {
-		fn(k, v)
+	type entry struct{ k, v []byte }
+	var err error
+	for range 10 {
+		var all []entry
+		var k, v []byte
+		it := mapOf(t, tr, name).Iterate()
+		for it.Next(&k, &v) {
+			all = append(all, entry{bytes.Clone(k), bytes.Clone(v)})
+		}
+		if err = it.Err(); errors.Is(err, ebpf.ErrIterationAborted) {
+			continue
+		}
+		if err != nil {
+			break
+		}
+		for _, e := range all {
+			fn(e.k, e.v)
+		}
+		return
 	}
-	if err := it.Err(); err != nil {
-		t.Fatalf("iterating %s: %v", name, err)
-	}
+	t.Fatalf("iterating %s: %v", name, err)
 }
 
 // TestDroppedAtServerEndsFlow: a query its server's full socket drops
