@@ -13,6 +13,8 @@ import (
 	"github.com/mdlayher/netlink"
 	"github.com/ti-mo/conntrack"
 	"golang.org/x/sys/unix"
+
+	"github.com/dnsrace/dnsrace/internal/natrules"
 )
 
 // Tuple is one direction of a connection.
@@ -22,7 +24,7 @@ type Tuple struct {
 }
 
 func (t Tuple) String() string {
-	return fmt.Sprintf("%s %s -> %s", protoName(t.Proto), t.Src, t.Dst)
+	return fmt.Sprintf("%s %s -> %s", natrules.ProtoName(t.Proto), t.Src, t.Dst)
 }
 
 // Status holds the IPS_* bits of an entry (uapi nf_conntrack_common.h).
@@ -186,20 +188,6 @@ func entryOf(f conntrack.Flow) Entry {
 		Mark:    f.Mark,
 		Zone:    f.Zone,
 	}
-}
-
-func protoName(p uint8) string {
-	switch p {
-	case unix.IPPROTO_UDP:
-		return "udp"
-	case unix.IPPROTO_TCP:
-		return "tcp"
-	case unix.IPPROTO_SCTP:
-		return "sctp"
-	case unix.IPPROTO_ICMP:
-		return "icmp"
-	}
-	return fmt.Sprint(p)
 }
 
 // DeleteCommand is the command an operator runs to delete the entry with

@@ -49,7 +49,7 @@ func vipString(vip netip.AddrPort, proto uint8) string {
 	return host + ":" + port + "/" + ProtoName(proto)
 }
 
-// ProtoName returns "udp", "tcp", "sctp", "any" for 0, or the number.
+// ProtoName returns "udp", "tcp", "sctp", "icmp", "any" for 0, or the number.
 func ProtoName(p uint8) string {
 	switch p {
 	case 0:
@@ -60,6 +60,8 @@ func ProtoName(p uint8) string {
 		return "tcp"
 	case unix.IPPROTO_SCTP:
 		return "sctp"
+	case unix.IPPROTO_ICMP:
+		return "icmp"
 	}
 	return fmt.Sprint(p)
 }
