@@ -45,8 +45,15 @@ func TestFullFlowTable(t *testing.T) {
 	requireBTF(t)
 	t.Run("veth", func(t *testing.T) { fullFlowTable(t, false, false) })
 	t.Run("tun", func(t *testing.T) { fullFlowTable(t, true, false) })
-	// as on kernels without bpf_for_each_map_elem (before 5.13)
-	t.Run("veth-syscalls", func(t *testing.T) { fullFlowTable(t, false, true) })
+	// as on kernels without bpf_for_each_map_elem (before 5.13): the
+	// syscalls are the same in every tier and kernel, so the VM matrix
+	// (which sets the tier) leaves it to the host and to 5.10's veth run
+	t.Run("veth-syscalls", func(t *testing.T) {
+		if os.Getenv("DNSRACE_TEST_TIER") != "" {
+			t.Skip("the syscall sweep runs on the host (no DNSRACE_TEST_TIER)")
+		}
+		fullFlowTable(t, false, true)
+	})
 }
 
 func fullFlowTable(t *testing.T, viaTun, bySyscalls bool) {

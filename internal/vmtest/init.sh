@@ -1,7 +1,8 @@
 #!/bin/sh
 # /init of a vmtest guest (busybox sh, PID 1), packed by internal/vmtest; never run on a host.
 # It mounts the pseudo file systems, loads /vmtest/modules in order, runs every suite of
-# /vmtest/suites (<name> <pattern> <tier,...>) once per tier of vmtest.tiers= under test2json,
+# /vmtest/suites (<name> <pattern> <tier,...>) once per tier of vmtest.tiers= under test2json
+# (but those vmtest.skip= names),
 # and frames each run with VMTEST-CELL and VMTEST-END lines (the markers: console.go).
 
 /bin/busybox mkdir -p /bin /sbin /usr/bin /usr/sbin
@@ -66,12 +67,17 @@ echo "VMTEST-MODULES loaded=$loaded failed=$failed uptime=$(up)"
 ttimeout=$(cat /vmtest/test-timeout)
 guestenv=$(tr '\n' ' ' </vmtest/env)
 tiers=
+skip=
 for w in $(cat /proc/cmdline); do
-	case $w in vmtest.tiers=?*) tiers=$(echo "${w#vmtest.tiers=}" | tr , ' ') ;; esac
+	case $w in
+	vmtest.tiers=?*) tiers=$(echo "${w#vmtest.tiers=}" | tr , ' ') ;;
+	vmtest.skip=?*) skip=${w#vmtest.skip=} ;;
+	esac
 done
 for tier in $tiers; do
 	while read -r name pattern stiers; do
 		case ",$stiers," in *",$tier,"*) ;; *) continue ;; esac
+		case ",$skip," in *",$name,"*) continue ;; esac
 		tierenv="DNSRACE_TEST_TIER=$tier"
 		[ "$tier" = any ] && tierenv="DNSRACE_TEST_TIER="
 		echo "VMTEST-CELL tier=$tier suite=$name"

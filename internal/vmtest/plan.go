@@ -94,13 +94,18 @@ func SelectKernels(ks []Kernel, only []string, full bool) ([]Kernel, error) {
 }
 
 // SuiteLine is a line of suites.txt:
-// <name> <package> <pattern> <tiers> [<arches> [<scope>]].
+// <name> <package> <pattern> <tiers> [<arches> [<scope>]]; the arches
+// column may name kernel labels too (the suite then runs on those alone).
 type SuiteLine struct {
 	Name, Package, Pattern string
 	Tiers                  []string // "all" expands to the run's tiers
 	Arches                 []string // empty: every architecture
+	Kernels                []string // kernel labels it runs on; empty: every kernel
 	Scope                  string   // always, default or full
 }
+
+// isArch tells an architecture from a kernel label in the arches column.
+func isArch(w string) bool { return w == "amd64" || w == "arm64" }
 
 // ParseSuites reads suites.txt.
 func ParseSuites(r io.Reader) ([]SuiteLine, error) {
@@ -111,7 +116,13 @@ func ParseSuites(r io.Reader) ([]SuiteLine, error) {
 		}
 		s := SuiteLine{Name: f[0], Package: f[1], Pattern: f[2], Tiers: strings.Split(f[3], ","), Scope: "always"}
 		if len(f) > 4 && f[4] != "all" {
-			s.Arches = strings.Split(f[4], ",")
+			for _, w := range strings.Split(f[4], ",") {
+				if isArch(w) {
+					s.Arches = append(s.Arches, w)
+				} else {
+					s.Kernels = append(s.Kernels, w)
+				}
+			}
 		}
 		if len(f) > 5 {
 			s.Scope = f[5]
@@ -134,7 +145,13 @@ type Suite struct {
 	Pattern  string // -test.run
 	Tiers    []string
 	Arch     string
-	Testdata string // a testdata folder copied along, or ""
+	Kernels  []string // the kernel labels it runs on; empty: every kernel of Arch
+	Testdata string   // a testdata folder copied along, or ""
+}
+
+// RunsOn tells whether the suite runs in the guests of kernel label.
+func (s Suite) RunsOn(label string) bool {
+	return len(s.Kernels) == 0 || slices.Contains(s.Kernels, label)
 }
 
 // SuitesFor picks the suites.txt lines of a run for one architecture: the
@@ -153,7 +170,8 @@ func SuitesFor(lines []SuiteLine, arch string, full bool, tiers []string, run st
 		if len(l.Arches) > 0 && !slices.Contains(l.Arches, arch) {
 			continue
 		}
-		s := Suite{Name: l.Name, Binary: l.Package, Pattern: l.Pattern, Tiers: expandTiers(l.Tiers, tiers), Arch: arch}
+		s := Suite{Name: l.Name, Binary: l.Package, Pattern: l.Pattern, Tiers: expandTiers(l.Tiers, tiers), Arch: arch,
+			Kernels: l.Kernels}
 		if len(s.Tiers) == 0 {
 			continue // e.g. traceone in a run of the fentry tier alone
 		}

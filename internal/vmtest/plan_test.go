@@ -179,3 +179,28 @@ func TestSplitAndBootOrder(t *testing.T) {
 		t.Errorf("boot order %v, want %v", names, want)
 	}
 }
+
+func TestSuiteKernels(t *testing.T) {
+	lines, err := ParseSuites(strings.NewReader("a ./a . fentry amd64,6.12,7.2\nb ./b . fentry 7.2\nc ./c . fentry\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	amd := SuitesFor(lines, "amd64", false, DefaultTiers, "")
+	arm := SuitesFor(lines, "arm64", false, DefaultTiers, "")
+	if len(amd) != 3 || len(arm) != 2 {
+		t.Fatalf("%d amd64 and %d arm64 suites, want 3 and 2 (a is amd64's)", len(amd), len(arm))
+	}
+	for _, c := range []struct {
+		suite, kernel string
+		runs          bool
+	}{{"a", "6.12", true}, {"a", "6.1", false}, {"b", "7.2", true}, {"b", "6.12-arm64", false}, {"c", "5.10", true}} {
+		for _, s := range append(amd, arm...) {
+			if s.Name == c.suite && s.RunsOn(c.kernel) != c.runs {
+				t.Errorf("suite %s on %s: runs %v, want %v", c.suite, c.kernel, !c.runs, c.runs)
+			}
+		}
+	}
+	if got := guestArgs([]string{"fentry"}, []string{"a", "b"}); got != "vmtest.tiers=fentry vmtest.skip=a,b" {
+		t.Errorf("guestArgs: %q", got)
+	}
+}

@@ -153,10 +153,16 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 
-	// every initramfs written before the first boot
+	// every initramfs written before the first boot; a kernel's guests
+	// skip the suites of other kernels (vmtest.skip=)
+	skips := map[string][]string{}
 	for _, k := range kernels {
 		p := plans[k.Label]
 		for _, su := range suites[k.Arch] {
+			if !su.RunsOn(k.Label) {
+				skips[k.Label] = append(skips[k.Label], su.Name)
+				continue
+			}
 			p.Suites = append(p.Suites, PlannedSuite{Name: su.Name, Tiers: su.Tiers})
 		}
 		plans[k.Label] = p
@@ -202,7 +208,7 @@ func Run(ctx context.Context, o Options) error {
 			r.log("%s: booting %s (%s, %s, %d CPUs, %d MiB, timeout %s), console in %s",
 				g.Name, plan.Uname, plan.Arch, m.Accel, m.SMP, m.Mem, timeout, logs[i])
 			initrd := filepath.Join(r.runDir, g.Kernel.Label+".initrd")
-			hr, err := m.Boot(ctx, plan, vmlinuz[g.Kernel.Label], initrd, "vmtest.tiers="+strings.Join(g.Tiers, ","), timeout, logs[i], r.follower(g.Name))
+			hr, err := m.Boot(ctx, plan, vmlinuz[g.Kernel.Label], initrd, guestArgs(g.Tiers, skips[g.Kernel.Label]), timeout, logs[i], r.follower(g.Name))
 			if err != nil {
 				r.log("%s: %v", g.Name, err)
 				return
@@ -609,4 +615,14 @@ func atoiOr(s string, def int) int {
 		return n
 	}
 	return def
+}
+
+// guestArgs is the kernel command line's part for init.sh: the tiers a
+// guest runs and the suites it skips.
+func guestArgs(tiers, skip []string) string {
+	a := "vmtest.tiers=" + strings.Join(tiers, ",")
+	if len(skip) > 0 {
+		a += " vmtest.skip=" + strings.Join(skip, ",")
+	}
+	return a
 }
