@@ -44,7 +44,7 @@ func TestSweepProgram(t *testing.T) {
 	const (
 		entries = 1024
 		stale   = 100 // older than maxAge
-		fresh   = 800 // ages spread over maxAge
+		fresh   = 800 // ages spread over half of maxAge
 	)
 	tr := openTier(t, Options{Attach: testTier(t), Ports: []uint16{53}, FlowEntries: entries, FlowMaxAge: time.Hour})
 	if len(tr.sweeper.tables) == 0 {
@@ -81,8 +81,10 @@ func TestSweepProgram(t *testing.T) {
 	for i := range stale {
 		put(i, maxAge+1+uint32(i))
 	}
+	// the fresh over half of maxAge: the other half is for the time the
+	// puts take in a slow guest, which ages them all before the sweep
 	for i := range fresh {
-		put(stale+i, uint32(i*maxAge/fresh))
+		put(stale+i, uint32(i*maxAge/2/fresh))
 	}
 
 	var mu sync.Mutex
