@@ -172,6 +172,11 @@ enum sweep_table {
 struct sweep_io {
 	__u32 table;   /* in: enum sweep_table */
 	__u32 max_age; /* in: older entries, in jiffies, are swept */
+	/* in: the jiffies (low half) ages are taken at, 0 for now; out: those
+	 * it took (an eviction pass takes the bins' pass's, so no entry
+	 * changes bin between them) */
+	__u32 now;
+	__u32 _pad;
 	/* in: entries at least evict_all jiffies old are evicted, and
 	 * evict_some of those at least evict_from old; evict_all 0: none */
 	__u32 evict_all;

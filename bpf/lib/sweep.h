@@ -99,12 +99,14 @@ static __always_inline int sweep(struct xdp_md *ctx)
 	struct sweep_io *io = (void *)(long)ctx->data;
 	if ((void *)(io + 1) > (void *)(long)ctx->data_end)
 		return XDP_ABORTED;
-	struct sweep_ctx c = {.now = bpf_jiffies64(), .max_age = io->max_age,
+	__u64 now = io->now ? io->now : bpf_jiffies64();
+	struct sweep_ctx c = {.now = now, .max_age = io->max_age,
 				 .evict_all = io->evict_all, .evict_from = io->evict_from, .evict_some = io->evict_some};
 	if (io->table == SWEEP_ANSWERS)
 		bpf_for_each_map_elem(&answers, sweep_answer_entry, &c, 0);
 	else
 		bpf_for_each_map_elem(&flows, sweep_flow_entry, &c, 0);
+	io->now = (__u32)now;
 	io->swept = c.swept;
 	io->evicted = c.evicted;
 	io->left = c.left;

@@ -378,6 +378,8 @@ type DnsraceSweepIo struct {
 	_         structs.HostLayout
 	Table     uint32
 	MaxAge    uint32
+	Now       uint32
+	Pad       uint32
 	EvictAll  uint32
 	EvictFrom uint32
 	EvictSome uint32

@@ -291,6 +291,7 @@ func (t *progTable) sweep(_, maxAge uint32, _ *[]uint64) (swept, nEvicted int, f
 	swept, left := int(io.Swept), int(io.Left)
 	if float64(left) > sweepHigh*float64(t.size) {
 		in := evictOldest(io.Hist[:], left-int(sweepLow*float64(t.size)), maxAge)
+		in.Now = io.Now // the ages the bins were made of
 		if io, err = t.run(in); err != nil {
 			return swept, 0, 0, err
 		}
