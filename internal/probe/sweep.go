@@ -56,6 +56,9 @@ type sweeper struct {
 	hz     uint32
 	maxAge uint32 // in jiffies
 	tables []sweepTable
+	// bySyscalls: the tables are walked with map syscalls (no sweep
+	// program), which need jiffies read from user space
+	bySyscalls bool
 
 	swept, evicted atomic.Uint64
 
@@ -95,10 +98,12 @@ func startSweeper(prog *ebpf.Program, flows, answers *ebpf.Map, hz uint32, maxAg
 			&progTable{prog: prog, table: bpf.DnsraceSweepTableSWEEP_ANSWERS, size: int(answers.MaxEntries())},
 		}
 	} else if flows != nil {
+		s.bySyscalls = true
 		s.tables = append(s.tables, &table[bpf.DnsraceFlowKey, bpf.DnsraceFlow]{m: flows,
 			ts: func(v *bpf.DnsraceFlow) (uint64, uint64) { return v.Ts, v.Qid }})
 	}
 	if answers != nil && prog == nil {
+		s.bySyscalls = true
 		s.tables = append(s.tables, &table[bpf.DnsraceAnsKey, bpf.DnsraceAns]{m: answers,
 			ts: func(v *bpf.DnsraceAns) (uint64, uint64) { return v.Ts, v.Qid }})
 	}
@@ -133,9 +138,14 @@ func (s *sweeper) run(ctx context.Context) {
 
 // once sweeps every table once; it returns the fullest table's fill.
 func (s *sweeper) once() (float64, error) {
-	now, _, err := s.j.read()
-	if err != nil {
-		return 0, err
+	// The sweep program reads jiffies itself: only the syscall walk needs
+	// them read here.
+	var now uint32
+	if s.bySyscalls {
+		var err error
+		if now, _, err = s.j.read(); err != nil {
+			return 0, err
+		}
 	}
 	var fullest float64
 	var errs []error
