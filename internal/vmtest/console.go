@@ -74,6 +74,9 @@ type Cell struct {
 	Skipped        int
 	FailedTests    []string // failed tests and subtests, in order
 	Output         []string // the run's output lines, test2json's decoded
+	// messages: each test's last messages (the first line of each
+	// t.Log/t.Error), for a failed test's digest at the log's tail.
+	messages       map[string][]string
 	started, ended bool
 }
 
@@ -138,6 +141,8 @@ var (
 	crashRE   = regexp.MustCompile(`(Oops: |BUG: |Internal error: |Kernel panic - not syncing).*`)
 	crashAtRE = regexp.MustCompile(`(?:RIP: [0-9a-f]+:|pc : )(\S+)`)
 	eventRE   = regexp.MustCompile(`\{"(?:Time|Action)":`)
+	// messageRE: the first line of a t.Log or t.Error ("    file_test.go:12: ...")
+	messageRE = regexp.MustCompile(`^\s+\S+\.go:\d+: `)
 )
 
 const tailLines = 30
@@ -247,6 +252,9 @@ func (g *GuestLog) event(c *Cell, ev testEvent) {
 	case "output":
 		out := strings.TrimSuffix(ev.Output, "\n")
 		c.Output = append(c.Output, out)
+		if ev.Test != "" && messageRE.MatchString(out) {
+			c.noteMessage(ev.Test, out)
+		}
 		if i := strings.Index(out, "RUNS kernel="); i >= 0 {
 			g.runs(out[i:])
 		}
@@ -378,4 +386,20 @@ func DecodeConsole(r io.Reader, w io.Writer) error {
 			return fmt.Errorf("reading the console: %w", err)
 		}
 	}
+}
+
+// messagesKept is how many of a test's last messages its cell keeps: a
+// failed test's errors come after its logs, and a CI log's tail has room
+// for a few lines a test.
+const messagesKept = 4
+
+func (c *Cell) noteMessage(test, line string) {
+	if c.messages == nil {
+		c.messages = map[string][]string{}
+	}
+	m := append(c.messages[test], strings.TrimSpace(line))
+	if len(m) > messagesKept {
+		m = m[1:]
+	}
+	c.messages[test] = m
 }

@@ -131,16 +131,29 @@ func (r *Report) writeMatrix(w io.Writer) {
 			}
 			for _, t := range c.FailedTests {
 				failed = append(failed, fmt.Sprintf("  %s %s %s: %s", c.Kernel, c.Tier, c.Suite, t))
+				for _, m := range c.messages[t] {
+					failed = append(failed, "      "+clip(m, messageWidth))
+				}
 			}
 		}
 	}
 	if len(failed) > 0 {
-		fmt.Fprintln(w, "failed tests (kernel tier suite: test):")
+		fmt.Fprintln(w, "failed tests (kernel tier suite: test), each with its last messages:")
 		for _, f := range failed {
 			fmt.Fprintln(w, f)
 		}
 	}
 	fmt.Fprintf(w, "cells: %d pass, %d skip, %d fail; total wall time %.0f s\n", pass, skip, fail, r.TotalSeconds)
+}
+
+// messageWidth clips a failed test's message lines at the log's tail.
+const messageWidth = 400
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + " …"
 }
 
 // shown is a cell's status in the matrix: fail(timeout) and
