@@ -208,6 +208,7 @@ func TestRulesNameRealMetrics(t *testing.T) {
 	_, rules := loadRules(t)
 	m := metrics.New(metrics.Config{PodLabels: true}, metrics.Source{
 		EventsLost: func() uint64 { return 0 },
+		Untracked:  func() uint64 { return 0 },
 		Probes:     func() []metrics.Probe { return []metrics.Probe{{Hook: "h", Tier: "tracepoint", Attached: true}} },
 		Conntrack:  func() map[uint32]ctstats.Counters { return map[uint32]ctstats.Counters{1: {}} },
 	})
