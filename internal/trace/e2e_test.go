@@ -205,7 +205,8 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 	t.Logf("trace: %d incidents in the lab's pods; NAT netns kernel %+v attributed %+v; events lost %d; runs the kernel skipped %v",
 		len(tr.incidents), tr.nat.Kernel, tr.nat.Attributed, tr.sum.EventsLost, tr.sum.RecursionMisses)
 	if kf := tr.sum.KernelFlows; kf != nil {
-		t.Logf("trace: queries %d, answered %d (kernel: flows started %d, answered %d, live %d)", tr.sum.Queries.Queries, tr.sum.Queries.Answered, kf.Started, kf.Answered, kf.Live)
+		t.Logf("trace: queries %d, answered %d (kernel: flows started %d, answered %d, live %d, swept %d, evicted %d, refused %d)",
+			tr.sum.Queries.Queries, tr.sum.Queries.Answered, kf.Started, kf.Answered, kf.Live, kf.Swept, kf.Evicted, kf.Refused)
 	}
 	if q := tr.sum.Queries; q.Evicted > 0 {
 		// The tracer follows every namespace: another DNS flood on the
@@ -271,6 +272,7 @@ func (tr *traced) checkStalls(t *testing.T, cause string) {
 		t.Fatalf("the lab's clients measured %d stalled lookups, %d timeouts waited out: no %s stall to attribute", tr.rep.Stalls, tr.rep.StallTimeout, cause)
 	}
 	got := tr.byCause(cause)
+	otherCause := false
 	// One incident per stalled lookup, across its attempts; Go's resolver
 	// asks again with a new socket and DNS id, so each of its timeouts is
 	// an incident of its own.
@@ -303,8 +305,12 @@ func (tr *traced) checkStalls(t *testing.T, cause string) {
 		for _, p := range inc.Lost {
 			if p.Cause != cause {
 				t.Errorf("incident %d (%s): lost packet %s id %d of cause %s", inc.ID, cause, p.QType, p.ID, p.Cause)
+				otherCause = true
 			}
 		}
+	}
+	if otherCause {
+		t.Logf("the trace's text:\n%s", tr.text)
 	}
 	for _, c := range correlate.Causes {
 		if n := tr.count(c); c != cause && c != correlate.CauseClashResolved && n > 0 {
