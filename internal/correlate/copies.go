@@ -58,17 +58,6 @@ func (c *Correlator) copyOf(e *event.Event, name uint64) *query {
 	return u
 }
 
-// isCopy: e, a drop the kernel tied to q by its flow (a hop of q after
-// NAT was seen moments before, so the copy's tuple found that flow), is of
-// a copy of q all the same: dropped outside q's namespace, carrying no
-// entry there, to the destination NAT gave it. Whether the kernel found
-// the flow or reported a new query depends on which CPU saw which copy
-// first; the drop means the same either way.
-func isCopy(q *query, e *event.Event) bool {
-	return e.CT.Ptr == 0 && e.NetNS != q.netns && e.Packet.Dst.IsValid() && e.Packet.Dst != q.dst &&
-		e.Flags&event.FlagSender == 0
-}
-
 // copied is a copy found, until its drop record is read.
 type copied struct {
 	orig uint64      // the query's qid

@@ -377,8 +377,6 @@ func (c *Correlator) Handle(e *event.Event) {
 				return
 			}
 			d.qid, d.copy = cp.orig, cp.pkt
-		} else if isCopy(q, e) {
-			d.copy = e.Packet
 		}
 		d.sentNs = q.sentNs
 		if e.Flags&event.FlagWinner != 0 {

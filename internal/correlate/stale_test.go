@@ -73,36 +73,6 @@ func TestStaleNATByACopy(t *testing.T) {
 	}
 }
 
-// TestStaleNATByACopyOfItsFlow: the same copy, but a hop of the query
-// after NAT was seen first (the node's confirm on another CPU), so the
-// kernel found its flow by the copy's tuple and the drop names the query
-// itself. It is a copy all the same: dropped in another namespace, with no
-// entry, to the address NAT gave it (on 7.2, one run in two).
-func TestStaleNATByACopyOfItsFlow(t *testing.T) {
-	h := newHarness(t, nil)
-	h.answer(ms, h.query(0, podA, fwdSock, 1, dns.TypeA))
-	q := h.query(2*sec, podA, fwdSock, 2, dns.TypeA)
-	for i, ns := range []uint32{podB, node} {
-		d := drop(2*sec+ms+uint64(i), q, reasonOtherhost, 3, event.CT{})
-		d.NetNS, d.Packet = ns, event.Tuple{Src: snatSide, Dst: goneBE, Proto: 17}
-		h.handle(d)
-	}
-	h.c.Tick(3 * sec)
-	h.retried(7*sec, podA, fwdSock, 2, dns.TypeA)
-	inc := h.only(CauseStaleNAT)
-	if s := inc.StaleNAT; s == nil || s.Gone != goneBE || s.LastAnswerMs == nil {
-		t.Errorf("stale_nat %+v; want gone %s, a last answer", s, goneBE)
-	}
-	if inc.NodeNetNS == podB || inc.NodeNetNS == node {
-		t.Errorf("node netns %d: a copy's drop taken for where NAT ran", inc.NodeNetNS)
-	}
-	for _, p := range inc.Lost {
-		if p.Cause != CauseStaleNAT {
-			t.Errorf("lost %+v: a copy of the stale entry's query, want %s", p, CauseStaleNAT)
-		}
-	}
-}
-
 // TestStaleNATServerGone: the copy reaches the gone backend's address,
 // whose server is gone first (NO_SOCKET; on 5.10, no reason: freed by
 // __udp4_lib_rcv), or it reaches the backend's own namespace and is
