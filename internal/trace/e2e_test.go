@@ -67,6 +67,26 @@ type traced struct {
 	// conntrack the scenario drives (the lab's Report.NATNetNS: the node,
 	// or each pod when the NAT is in the sender's own namespace).
 	nat NamespaceSummary
+	// drops are the drop records of queries and the query records of
+	// copies first seen at their drop, as read, with their queries;
+	// cacheQueries the query records of the cache's port, by query (for
+	// a failure's message).
+	drops        []string
+	dropQIDs     []uint64
+	cacheQueries map[uint64]string
+}
+
+// dropRecords prints the drop records of queries the trace read, each
+// after its cache query's record when it is one.
+func (tr *traced) dropRecords() string {
+	var b strings.Builder
+	for i, l := range tr.drops {
+		if q, ok := tr.cacheQueries[tr.dropQIDs[i]]; ok {
+			b.WriteString(q + "\n  ")
+		}
+		b.WriteString(l + "\n")
+	}
+	return b.String()
 }
 
 func (tr *traced) count(cause string) int { return len(tr.byCause(cause)) }
@@ -85,6 +105,10 @@ func traceLossy(t *testing.T, name string) *traced {
 	return traceScenarioUntil(t, name, true)
 }
 
+// maxDropRecords bounds the drop records a trace keeps for a failure's
+// message.
+const maxDropRecords = 400
+
 // lossyWindows bounds how long a lossy scenario may drive while no lookup
 // has stalled, in windows of the scenario (lab.DriveConfig.UntilStall).
 const lossyWindows = 6
@@ -99,9 +123,11 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 	var (
 		mu  sync.Mutex
 		out bytes.Buffer
-		tr  = &traced{pods: map[uint32]int{}, others: map[string][]*correlate.Incident{}}
+		tr  = &traced{pods: map[uint32]int{}, others: map[string][]*correlate.Incident{}, cacheQueries: map[uint64]string{}}
 		ns  = map[uint32]string{} // the lab's other namespaces
 		s   *Session
+		// cachePort is the lab's cache's query port (0: none or any)
+		cachePort uint16
 	)
 	want := tier(t)
 	attach := attachTier(t, want)
@@ -127,6 +153,7 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 				}
 				tr.pods[ino] = i
 			}
+			cachePort = l.Topology.CacheQueryPort
 			for _, name := range []string{l.Topology.NodeNS(), l.Topology.CacheNS(), l.Topology.DNSNS()} {
 				if ino, err := nsutil.Inode(name); err == nil {
 					ns[ino] = name
@@ -136,6 +163,22 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 			s, err = Start(Options{
 				Probe: probe.Options{Attach: attach},
 				Out:   &out,
+				OnRecord: func(e *event.Event) {
+					cacheQuery := e.Kind == event.KindQuery && cachePort != 0 && e.Packet.Src.Port() == cachePort
+					if !cacheQuery && e.Flags&event.FlagAtDrop == 0 && (e.Kind != event.KindDrop || e.Response()) {
+						return
+					}
+					line := fmt.Sprintf("%s qid %x netns %d flags %#x ct %#x pkt %s id %d reason %d at %#x cpu %d t %d",
+						e.Kind, e.QID, e.NetNS, e.Flags, e.CT.Ptr, e.Packet, e.DNS.ID, e.Reason, e.Location, e.CPU, e.TimeNs)
+					mu.Lock()
+					defer mu.Unlock()
+					if cacheQuery {
+						tr.cacheQueries[e.QID] = line
+					} else if len(tr.drops) < maxDropRecords {
+						tr.drops = append(tr.drops, line)
+						tr.dropQIDs = append(tr.dropQIDs, e.QID)
+					}
+				},
 				OnIncident: func(inc *correlate.Incident) {
 					mu.Lock()
 					defer mu.Unlock()

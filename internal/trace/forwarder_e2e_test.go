@@ -46,7 +46,7 @@ func TestTraceStaleBackend(t *testing.T) {
 	stale := 0
 	for _, inc := range fwd {
 		if inc.Cause != correlate.CauseStaleNAT {
-			t.Errorf("forwarder incident %d: cause %s, want stale_nat", inc.ID, inc.Cause)
+			t.Errorf("forwarder incident %d: cause %s, want stale_nat; the drop records of queries read:\n%s", inc.ID, inc.Cause, tr.dropRecords())
 			continue
 		}
 		stale++

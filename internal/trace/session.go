@@ -56,6 +56,9 @@ type Options struct {
 	// threads than there are CPUs (needs CAP_SYS_NICE; Start fails if it
 	// cannot be set).
 	ReaderNice int
+	// OnRecord, when set, sees every record before the correlator does,
+	// on the reader goroutine (tests: the records behind an incident).
+	OnRecord func(*event.Event)
 	// NamespaceScanEvery is how often the namespaces something other than
 	// dnsrace holds are looked for, so the others are let go
 	// (DefaultNamespaceScan when 0).
@@ -272,6 +275,9 @@ func (s *Session) handle(e *event.Event) {
 			s.watchLate(e.NetNS)
 		}
 		return
+	}
+	if s.opts.OnRecord != nil {
+		s.opts.OnRecord(e)
 	}
 	s.corr.Handle(e)
 	// Tick between events too: under load the ring is never empty. Such a
