@@ -311,7 +311,12 @@ func buildLinks(t Topology) error {
 			return err
 		}
 	}
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
+	// Its MAC is set, as the CNI bridge plugin sets cni0's: a bridge
+	// left to itself takes its ports' lowest, and when that port goes (a
+	// backend pod deleted) every pod's frames to the gateway's old MAC
+	// are flooded and dropped (OTHERHOST) until their neighbour entries
+	// are resolved again, a stall that is no scenario's.
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", HardwareAddr: gatewayMAC(PodGateway.Addr())}}
 	if err := node.LinkAdd(br); err != nil {
 		return fmt.Errorf("adding bridge: %w", err)
 	}
@@ -576,4 +581,12 @@ func killProcessesIn(names []string) {
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
+}
+
+// gatewayMAC is the bridge's MAC for gateway address a, in the CNI
+// plugins' convention: 0a:58 and the address (locally administered,
+// unicast).
+func gatewayMAC(a netip.Addr) net.HardwareAddr {
+	b := a.As4()
+	return net.HardwareAddr{0x0a, 0x58, b[0], b[1], b[2], b[3]}
 }
