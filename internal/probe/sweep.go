@@ -56,8 +56,8 @@ type sweeper struct {
 	hz     uint32
 	maxAge uint32 // in jiffies
 	tables []sweepTable
-	// bySyscalls: the tables are walked with map syscalls (no sweep
-	// program), which need jiffies read from user space
+	// bySyscalls: no sweep program, so the tables are walked with map
+	// syscalls, which need jiffies read from user space
 	bySyscalls bool
 
 	swept, evicted atomic.Uint64
@@ -91,21 +91,21 @@ func startSweeper(prog *ebpf.Program, flows, answers *ebpf.Map, hz uint32, maxAg
 	if maxAge <= 0 {
 		maxAge = DefaultFlowMaxAge
 	}
-	s := &sweeper{j: j, hz: hz, maxAge: uint32(maxAge.Seconds() * float64(hz))}
+	s := &sweeper{j: j, hz: hz, maxAge: uint32(maxAge.Seconds() * float64(hz)), bySyscalls: prog == nil}
 	if prog != nil {
 		s.tables = []sweepTable{
 			&progTable{prog: prog, table: bpf.DnsraceSweepTableSWEEP_FLOWS, size: int(flows.MaxEntries())},
 			&progTable{prog: prog, table: bpf.DnsraceSweepTableSWEEP_ANSWERS, size: int(answers.MaxEntries())},
 		}
-	} else if flows != nil {
-		s.bySyscalls = true
-		s.tables = append(s.tables, &table[bpf.DnsraceFlowKey, bpf.DnsraceFlow]{m: flows,
-			ts: func(v *bpf.DnsraceFlow) (uint64, uint64) { return v.Ts, v.Qid }})
-	}
-	if answers != nil && prog == nil {
-		s.bySyscalls = true
-		s.tables = append(s.tables, &table[bpf.DnsraceAnsKey, bpf.DnsraceAns]{m: answers,
-			ts: func(v *bpf.DnsraceAns) (uint64, uint64) { return v.Ts, v.Qid }})
+	} else {
+		if flows != nil {
+			s.tables = append(s.tables, &table[bpf.DnsraceFlowKey, bpf.DnsraceFlow]{m: flows,
+				ts: func(v *bpf.DnsraceFlow) (uint64, uint64) { return v.Ts, v.Qid }})
+		}
+		if answers != nil {
+			s.tables = append(s.tables, &table[bpf.DnsraceAnsKey, bpf.DnsraceAns]{m: answers,
+				ts: func(v *bpf.DnsraceAns) (uint64, uint64) { return v.Ts, v.Qid }})
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
