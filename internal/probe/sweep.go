@@ -52,13 +52,12 @@ const (
 
 // sweeper removes the flow table's entries nobody will delete.
 type sweeper struct {
+	// j reads jiffies from user space for a walk with map syscalls (no
+	// sweep program); nil with the program, which reads them itself
 	j      *jiffies
 	hz     uint32
 	maxAge uint32 // in jiffies
 	tables []sweepTable
-	// bySyscalls: no sweep program, so the tables are walked with map
-	// syscalls, which need jiffies read from user space
-	bySyscalls bool
 
 	swept, evicted atomic.Uint64
 
@@ -84,20 +83,20 @@ type sweepTable interface {
 // prog (the sweep_flows program) where the kernel loaded it, else with map
 // syscalls.
 func startSweeper(prog *ebpf.Program, flows, answers *ebpf.Map, hz uint32, maxAge time.Duration) (*sweeper, error) {
-	j, err := newJiffies()
-	if err != nil {
-		return nil, err
-	}
 	if maxAge <= 0 {
 		maxAge = DefaultFlowMaxAge
 	}
-	s := &sweeper{j: j, hz: hz, maxAge: uint32(maxAge.Seconds() * float64(hz)), bySyscalls: prog == nil}
+	s := &sweeper{hz: hz, maxAge: uint32(maxAge.Seconds() * float64(hz))}
 	if prog != nil {
 		s.tables = []sweepTable{
 			&progTable{prog: prog, table: bpf.DnsraceSweepTableSWEEP_FLOWS, size: int(flows.MaxEntries())},
 			&progTable{prog: prog, table: bpf.DnsraceSweepTableSWEEP_ANSWERS, size: int(answers.MaxEntries())},
 		}
 	} else {
+		var err error
+		if s.j, err = newJiffies(); err != nil {
+			return nil, err
+		}
 		if flows != nil {
 			s.tables = append(s.tables, &table[bpf.DnsraceFlowKey, bpf.DnsraceFlow]{m: flows,
 				ts: func(v *bpf.DnsraceFlow) (uint64, uint64) { return v.Ts, v.Qid }})
@@ -138,10 +137,8 @@ func (s *sweeper) run(ctx context.Context) {
 
 // once sweeps every table once; it returns the fullest table's fill.
 func (s *sweeper) once() (float64, error) {
-	// The sweep program reads jiffies itself: only the syscall walk needs
-	// them read here.
 	var now uint32
-	if s.bySyscalls {
+	if s.j != nil {
 		var err error
 		if now, _, err = s.j.read(); err != nil {
 			return 0, err
@@ -184,7 +181,9 @@ func (s *sweeper) takeEvicted() []uint64 {
 func (s *sweeper) stop() {
 	s.cancel()
 	s.done.Wait()
-	s.j.Close()
+	if s.j != nil {
+		s.j.Close()
+	}
 }
 
 // table is a hash map of keys K and values V whose ts says, in jiffies,
