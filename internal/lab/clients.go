@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"net/netip"
 	"os/exec"
 	"runtime"
@@ -316,7 +317,13 @@ func runMusl(ctx, stop context.Context, p clientParams, rep *ClientReport) error
 		if err != nil {
 			return err
 		}
-		id := uint16(rep.Lookups * 2)
+		// A fresh random id, as musl's (from the clock) and glibc's are.
+		// Ids counted from 0 had every pod ask the same id at the same
+		// lookup, and the fentry and kprobe tiers key an unconnected
+		// socket's query without its source address: two pods that drew
+		// the same ephemeral port shared one flow there, which random ids
+		// make 65,536 times rarer.
+		id := uint16(rand.Uint32())
 		name := p.name(rep.Lookups)
 		qs := map[uint16][]byte{id: newQuery(name, dns.TypeA), id + 1: newQuery(name, dns.TypeAAAA)}
 		want := map[uint16]bool{id: true, id + 1: true}
