@@ -12,7 +12,7 @@ TEST_TIMEOUT ?= 20m
 include mk/bpf.mk
 include mk/vmtest.mk
 
-.PHONY: help build deps demo test test-unit test-host test-rules bench-smoke lint vagrant-check clean
+.PHONY: help build deps demo test test-unit test-host test-lab test-rules bench-smoke lint vagrant-check clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -34,8 +34,11 @@ lint: ## gofmt, go vet and staticcheck (a tool dependency in go.mod: nothing to 
 test-unit: ## Tests that need no root
 	$(GO) test $(GOFLAGS_TEST) -short ./...
 
-test-host: ## The whole suite on this kernel (root: namespaces, netfilter, BPF)
-	$(GO) test $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) -p 1 ./...
+test-host: ## The whole suite on this kernel (root: namespaces, netfilter, BPF); the lab's scenarios run inside the trace tests
+	$(GO) test $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) -p 1 -skip '^TestScenarios$$' ./...
+
+test-lab: ## Every lab scenario alone, without the tracer, held to its expectation (root)
+	$(GO) test $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) -run '^TestScenarios$$' ./internal/lab
 
 test-race: ## The counters' concurrency test and the unit tests under Go's race detector (root, cgo)
 	CGO_ENABLED=1 $(GO) test -race -count=1 -run 'TestCloseWhileCounting' ./internal/probe

@@ -37,7 +37,10 @@ func assertNothingLeft(t *testing.T, prefix string) {
 }
 
 // TestScenarios runs every scenario on this machine's kernel and checks the
-// outcome each must show. Set DNSRACE_SCENARIOS to run a subset.
+// outcome each must show. Set DNSRACE_SCENARIOS to run a subset. make test
+// skips it (make test-lab runs it): every scenario runs there inside its
+// TestTrace* (internal/trace), held to the same expectation with the tracer
+// attached, and twice would be four minutes of its budget.
 func TestScenarios(t *testing.T) {
 	testutil.RequireRoot(t)
 	only := os.Getenv("DNSRACE_SCENARIOS")

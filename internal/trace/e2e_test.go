@@ -200,6 +200,11 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The lab's own TestScenarios checks its teardown too, but make test
+	// runs every scenario here only.
+	if left, _ := nsutil.List(labPrefix + "-"); len(left) > 0 {
+		t.Errorf("the lab left namespaces behind: %v", left)
+	}
 	tr.rep = rep
 	tr.text = out.String()
 	byNS := map[uint32]NamespaceSummary{}
