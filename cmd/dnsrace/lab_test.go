@@ -21,25 +21,11 @@ import (
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
-// leftovers lists everything a lab with prefix may leave behind:
-// namespaces, /etc/netns folders, its state file, and processes started
-// for it (namespace helpers, getent, the detached DNS backends).
+// leftovers lists everything a lab with prefix may leave behind: what
+// lab.Leftovers finds, and processes started for it (namespace helpers,
+// getent, the detached DNS backends).
 func leftovers(prefix string) []string {
-	var left []string
-	names, _ := nsutil.List(prefix + "-")
-	for _, n := range names {
-		left = append(left, "netns "+n)
-	}
-	if ents, err := os.ReadDir(nsutil.EtcDir); err == nil {
-		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), prefix+"-") {
-				left = append(left, "/etc/netns/"+e.Name())
-			}
-		}
-	}
-	if _, err := os.Stat(filepath.Join(lab.StateDir, prefix+".json")); err == nil {
-		left = append(left, "state file")
-	}
+	left := lab.Leftovers(prefix)
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)

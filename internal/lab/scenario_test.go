@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dnsrace/dnsrace/internal/nsutil"
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
@@ -17,22 +16,11 @@ import (
 // meet (a lab's prefix is its lock).
 var testPrefix = fmt.Sprintf("dnsrace-tl%d", os.Getpid())
 
-// assertNothingLeft fails t if the lab left a namespace, an /etc/netns
-// folder, a state file or a process behind.
+// assertNothingLeft fails t if the lab left anything behind (Leftovers).
 func assertNothingLeft(t *testing.T, prefix string) {
 	t.Helper()
-	if names, _ := nsutil.List(prefix + "-"); len(names) > 0 {
-		t.Errorf("namespaces left behind: %v", names)
-	}
-	if ents, _ := os.ReadDir(nsutil.EtcDir); ents != nil {
-		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), prefix+"-") {
-				t.Errorf("/etc/netns/%s left behind", e.Name())
-			}
-		}
-	}
-	if _, err := os.Stat(Topology{Prefix: prefix}.statePath()); err == nil {
-		t.Errorf("state file %s left behind", Topology{Prefix: prefix}.statePath())
+	if left := Leftovers(prefix); len(left) > 0 {
+		t.Errorf("left behind: %v", left)
 	}
 }
 

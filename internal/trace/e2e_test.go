@@ -200,10 +200,10 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The lab's own TestScenarios checks its teardown too, but make test
-	// runs every scenario here only.
-	if left, _ := nsutil.List(labPrefix + "-"); len(left) > 0 {
-		t.Errorf("the lab left namespaces behind: %v", left)
+	// make test runs every scenario here only, so its teardown is
+	// checked here as TestScenarios checks it.
+	if left := lab.Leftovers(labPrefix); len(left) > 0 {
+		t.Errorf("the lab left behind: %v", left)
 	}
 	tr.rep = rep
 	tr.text = out.String()
