@@ -18,7 +18,8 @@ import (
 // namespace. Its loss is its stall: in progress, or among the last ones
 // its client closed (stallHistory), covering the pod's query. Its
 // incident waits Config.ForwarderGrace after its stall ends (lingering)
-// for the pods' stalls to name it.
+// for the pods' stalls to name it, and longer while a pod's query that
+// joined it is still open (awaited).
 
 // Upstream is the query a local forwarder sent upstream for the question
 // of a client's query, and what became of it.
@@ -111,10 +112,16 @@ type pastStall struct {
 
 func historySlot(k nameKey) uint64 { return uint64(k) >> 54 & (historySlots - 1) }
 
-// lingering is an incident waiting Config.ForwarderGrace to be emitted.
+// lingering is an incident waiting Config.ForwarderGrace to be emitted,
+// or longer while a client's query that may name it is open (awaited).
 type lingering struct {
-	inc          *Incident
-	firstNs, due uint64
+	inc                 *Incident
+	firstNs, endNs, due uint64
+	// key, name and qtype: the client whose stall it is, and the question
+	// of its first lost query.
+	key   nameKey
+	name  uint64
+	qtype uint16
 }
 
 // linger holds inc for Config.ForwarderGrace before it is emitted, and records
@@ -122,7 +129,7 @@ type lingering struct {
 func (c *Correlator) linger(o *stall, endNs uint64) {
 	first := o.queries[0]
 	c.remember(pastStall{key: o.key, firstNs: o.firstNs, endNs: endNs, inc: o.inc, up: upstreamOf(first, o.inc)})
-	c.lingerIncident(o.inc, o.firstNs, endNs)
+	c.lingerIncident(o.inc, first, o.firstNs, endNs)
 }
 
 // remember records an ended stall in its client's history.
@@ -144,9 +151,9 @@ func (c *Correlator) pastStallOf(nk nameKey, covers func(firstNs, endNs uint64) 
 	return best
 }
 
-// lingerIncident holds inc, whose stall ran from firstNs to endNs, for
-// Config.ForwarderGrace (none: it is emitted now).
-func (c *Correlator) lingerIncident(inc *Incident, firstNs, endNs uint64) {
+// lingerIncident holds inc, whose stall ran from firstNs to endNs and
+// began with q lost, for Config.ForwarderGrace (none: it is emitted now).
+func (c *Correlator) lingerIncident(inc *Incident, q *query, firstNs, endNs uint64) {
 	if c.cfg.ForwarderGrace == 0 {
 		if c.cfg.OnIncident != nil {
 			c.cfg.OnIncident(inc)
@@ -156,7 +163,8 @@ func (c *Correlator) lingerIncident(inc *Incident, firstNs, endNs uint64) {
 	if c.cfg.OnClosed != nil {
 		c.cfg.OnClosed(inc.NetNS, inc.PID, inc.Cgroup)
 	}
-	c.waitingOut = append(c.waitingOut, lingering{inc: inc, firstNs: firstNs, due: endNs + uint64(c.cfg.ForwarderGrace)})
+	c.waitingOut = append(c.waitingOut, lingering{inc: inc, firstNs: firstNs, endNs: endNs, due: endNs + uint64(c.cfg.ForwarderGrace),
+		key: q.nk, name: q.name, qtype: q.qtype})
 }
 
 // emitLingering emits the incidents whose grace is over by now (all with
@@ -164,6 +172,9 @@ func (c *Correlator) lingerIncident(inc *Incident, firstNs, endNs uint64) {
 func (c *Correlator) emitLingering(now uint64, force bool) {
 	n := 0
 	for _, l := range c.waitingOut {
+		if !force && l.due <= now && c.awaited(&l, now) {
+			l.due = now + uint64(c.cfg.ForwarderGrace)
+		}
 		if force || l.due <= now {
 			if c.cfg.OnIncident != nil {
 				c.cfg.OnIncident(l.inc)
@@ -181,6 +192,76 @@ func (c *Correlator) emitLingering(now uint64, force bool) {
 	if force {
 		clear(c.history[:])
 	}
+}
+
+// askWalk bounds the pending queries awaited looks at for one incident:
+// past it, the incident waits as if one of them were a client's.
+const askWalk = 1 << 12
+
+// awaited: a client's query that joined l's stall (asked the namespace of
+// l's incident the same question while the stall lasted) is still
+// unanswered, or in a stall of its own, so it may yet name l's incident
+// (explainByForwarder): a pod that asked late in a forwarder's stall and
+// waits out its resolver's timeout closes seconds after the forwarder's
+// stall ended. l waits for it, at most QueryTTL past its stall's end.
+func (c *Correlator) awaited(l *lingering, now uint64) bool {
+	if now > l.endNs+uint64(c.cfg.QueryTTL) {
+		return false
+	}
+	for _, o := range c.stalls.s {
+		if c.joined(l, o.queries[0]) {
+			return true
+		}
+	}
+	ix := &c.ix
+	if ix.asking[askSlot(l.name, l.qtype)] == 0 {
+		return false
+	}
+	// The order log is by sighting, near enough by send time: find the
+	// first query sent MinRetryGap before the stall began (the covering
+	// window of joined), and walk to its end.
+	gap := uint64(c.cfg.MinRetryGap)
+	lo, hi := max(c.pendFrom, ix.popped), ix.pushed
+	from := l.firstNs - min(l.firstNs, 2*gap)
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if (*ix.order.at(int(mid - ix.popped))).sentNs < from {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	for i, n := lo, 0; i < ix.pushed; i, n = i+1, n+1 {
+		q := *ix.order.at(int(i - ix.popped))
+		if q.sentNs > l.endNs+gap {
+			break
+		}
+		if n == askWalk {
+			return true
+		}
+		if !q.dead && q.state == statePending && c.joined(l, q) {
+			return true
+		}
+	}
+	return false
+}
+
+// joined: q, another client's query, asked the question of l's stall of
+// the namespace l's incident is in, while that stall lasted (as
+// forwarderOf finds it from q).
+func (c *Correlator) joined(l *lingering, q *query) bool {
+	if q.name != l.name || q.qtype != l.qtype || q.nk == l.key ||
+		l.firstNs > q.sentNs+uint64(c.cfg.MinRetryGap) || q.sentNs > l.endNs {
+		return false
+	}
+	if q.dst.Addr().IsLoopback() {
+		return q.netns == l.inc.NetNS
+	}
+	if c.cfg.AddrOwner == nil {
+		return false
+	}
+	ns, ok := c.cfg.AddrOwner(q.dst.Addr())
+	return ok && ns == l.inc.NetNS
 }
 
 // upstreamOf describes q, the first lost query of the stall whose incident
@@ -316,7 +397,7 @@ func (c *Correlator) lateAnswer(q *query, now uint64) {
 	}
 	c.late[q.nk] = lateIncident{inc: inc, sentNs: q.sentNs}
 	inc.key = q.nk
-	c.lingerIncident(inc, q.sentNs, now)
+	c.lingerIncident(inc, q, q.sentNs, now)
 }
 
 // lateIncident is a lookup's late answer's incident, while it waits to be

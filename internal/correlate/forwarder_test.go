@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -139,4 +140,67 @@ func TestGoPodsBehindForwarderOneIncidentPerTimeout(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A second pod asks the same question late in the cache's stall; the
+// cache's resend answers only the first pod, and the second waits out its
+// resolver's timeout, closing seconds after the cache's stall ended. The
+// cache's incident waits for it, and lists both pods.
+func TestForwarderIncidentWaitsForLateAsker(t *testing.T) {
+	h := newForwarderHarness(t)
+	h.answer(ms, h.send(200*uint64(time.Microsecond), podA, podPID, srcA, cacheAddr, 2, dns.TypeAAAA))
+	h.send(0, podA, podPID, srcA, cacheAddr, 1, dns.TypeA)
+	up := h.send(ms, fwdNS, fwdPID, fwdSrc, vip, 100, dns.TypeA)
+	h.handle(drop(2*ms, up, reasonOtherhost, 3, event.CT{}))
+	h.ticks(100*ms, 4900*ms)
+	h.send(4900*ms+ms/2, podB, podPID, srcB, cacheAddr, 7, dns.TypeA)
+	h.answer(5*sec+2*ms, h.send(5*sec+ms, fwdNS, fwdPID, fwdSrc, vip, 100, dns.TypeA))
+	h.answer(5*sec+3*ms, h.send(5*sec, podA, podPID, srcA, cacheAddr, 1, dns.TypeA))
+	h.ticks(5*sec+100*ms, 9800*ms)
+	for _, inc := range h.incidents {
+		if inc.NetNS == fwdNS {
+			t.Fatalf("the cache's incident %d was emitted by 9.8 s, while the query of pod B that joined its stall was open", inc.ID)
+		}
+	}
+	h.answer(9900*ms+2*ms, h.send(9900*ms+ms/2, podB, podPID, srcB, cacheAddr, 7, dns.TypeA))
+	h.ticks(9900*ms, 11*sec)
+	var fwdInc *Incident
+	pods := map[uint32]uint64{}
+	for _, inc := range h.incidents {
+		if inc.NetNS == fwdNS {
+			fwdInc = inc
+			continue
+		}
+		pods[inc.NetNS] = inc.ID
+		if inc.Cause != CauseUpstreamLost {
+			t.Errorf("pod %d incident: %s, want upstream_lost", inc.NetNS, inc.Cause)
+		}
+	}
+	if fwdInc == nil || len(pods) != 2 {
+		t.Fatalf("%d incidents by 11 s, want the cache's and one per pod", len(h.incidents))
+	}
+	var listed []uint64
+	for _, a := range fwdInc.Downstream {
+		listed = append(listed, a.Incident)
+	}
+	if len(listed) != 2 || !slices.Contains(listed, pods[podA]) || !slices.Contains(listed, pods[podB]) {
+		t.Errorf("cache incident lists %v, want both pods' incidents %v", listed, pods)
+	}
+	h.c.Close(12 * sec)
+}
+
+// Nothing awaits a forwarder's incident whose question no client still
+// has open: it is emitted ForwarderGrace after its stall.
+func TestForwarderIncidentNotHeldWithoutAskers(t *testing.T) {
+	h := newForwarderHarness(t)
+	up := h.send(ms, fwdNS, fwdPID, fwdSrc, vip, 100, dns.TypeA)
+	h.handle(drop(2*ms, up, reasonOtherhost, 3, event.CT{}))
+	h.send(5*sec, podB, podPID, srcB, vip, 9, dns.TypeA) // another pod asks the VIP itself: no asker
+	h.ticks(100*ms, 5*sec-100*ms)
+	h.answer(5*sec+2*ms, h.send(5*sec+ms, fwdNS, fwdPID, fwdSrc, vip, 100, dns.TypeA))
+	h.ticks(5*sec, 5700*ms)
+	if len(h.incidents) != 1 || h.incidents[0].NetNS != fwdNS {
+		t.Fatalf("%d incidents by 5.7 s, want the cache's, emitted ForwarderGrace after its stall", len(h.incidents))
+	}
+	h.c.Close(12 * sec)
 }

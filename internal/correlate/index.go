@@ -237,6 +237,24 @@ type index struct {
 	free      []*query
 	freeNames []*nameState
 	pending   int // queries in statePending
+	// asking counts the pending queries per question (askSlot): a
+	// forwarder's incident waits while a client's may still name it
+	// (forwarder.go), and most questions have none pending.
+	asking [askSlots]uint32
+}
+
+// askSlots is the size of index.asking: questions share a slot when their
+// hashes collide, which only makes an incident look for askers in vain.
+const askSlots = 1 << 12
+
+func askSlot(name uint64, qtype uint16) uint64 {
+	return (name ^ uint64(qtype)*0x9e3779b97f4a7c15) >> 52 & (askSlots - 1)
+}
+
+// notPending counts q out of the pending queries.
+func (ix *index) notPending(q *query) {
+	ix.pending--
+	ix.asking[askSlot(q.name, q.qtype)]--
 }
 
 func newIndex() index {
@@ -272,6 +290,7 @@ func (ix *index) add(q *query) {
 	ix.pushOnSocket(q)
 	if q.state == statePending {
 		ix.pending++
+		ix.asking[askSlot(q.name, q.qtype)]++
 		q.inYoung, q.youngAt = true, uint32(ix.youngPopped)+uint32(ix.young.len())
 		ix.young.push(youngRef{q, q.sentNs})
 	}
@@ -391,7 +410,7 @@ func (ix *index) byQuestion(id, qtype uint16, name uint64, t, window uint64) *qu
 // list until the next walk drops it, or unpend does).
 func (ix *index) setState(q *query, s qstate) {
 	if q.state == statePending && s != statePending {
-		ix.pending--
+		ix.notPending(q)
 		ix.leaveYoung(q)
 	}
 	q.state = s
@@ -493,7 +512,7 @@ func (ix *index) forget(q *query) {
 		}
 	}
 	if q.state == statePending {
-		ix.pending--
+		ix.notPending(q)
 	}
 	ix.recycle(q)
 }

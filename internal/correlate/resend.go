@@ -73,5 +73,5 @@ func (c *Correlator) refusedAtSend(q, resend *query, p Packet) {
 	// A forwarder that gave up after the error may have left its client
 	// waiting: the client's stall names this loss, and this lists it.
 	c.remember(pastStall{key: q.nk, firstNs: q.sentNs, endNs: q.sentNs, inc: inc, up: upstreamOf(q, inc)})
-	c.lingerIncident(inc, q.sentNs, q.sentNs)
+	c.lingerIncident(inc, q, q.sentNs, q.sentNs)
 }
