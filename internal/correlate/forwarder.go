@@ -218,8 +218,9 @@ func (c *Correlator) awaited(l *lingering, now uint64) bool {
 		return false
 	}
 	// The order log is by sighting, near enough by send time: find the
-	// first query sent MinRetryGap before the stall began (the covering
-	// window of joined), and walk to its end.
+	// first query sent MinRetryGap before the stall began (the window of
+	// askedDuring), less another for records out of order, and walk to
+	// its end.
 	gap := uint64(c.cfg.MinRetryGap)
 	lo, hi := max(c.pendFrom, ix.popped), ix.pushed
 	from := l.firstNs - min(l.firstNs, 2*gap)
@@ -250,18 +251,30 @@ func (c *Correlator) awaited(l *lingering, now uint64) bool {
 // the namespace l's incident is in, while that stall lasted (as
 // forwarderOf finds it from q).
 func (c *Correlator) joined(l *lingering, q *query) bool {
-	if q.name != l.name || q.qtype != l.qtype || q.nk == l.key ||
-		l.firstNs > q.sentNs+uint64(c.cfg.MinRetryGap) || q.sentNs > l.endNs {
+	if q.name != l.name || q.qtype != l.qtype || q.nk == l.key || !c.askedDuring(q, l.firstNs, l.endNs) {
 		return false
 	}
+	ns, ok := c.askedNS(q)
+	return ok && ns == l.inc.NetNS
+}
+
+// askedNS is the namespace that holds the address q asked (q's own for a
+// loopback address); false when not known.
+func (c *Correlator) askedNS(q *query) (uint32, bool) {
 	if q.dst.Addr().IsLoopback() {
-		return q.netns == l.inc.NetNS
+		return q.netns, true
 	}
 	if c.cfg.AddrOwner == nil {
-		return false
+		return 0, false
 	}
-	ns, ok := c.cfg.AddrOwner(q.dst.Addr())
-	return ok && ns == l.inc.NetNS
+	return c.cfg.AddrOwner(q.dst.Addr())
+}
+
+// askedDuring: q was asked while a forwarder's stall from firstNs to endNs
+// was in progress (its first lost query may be q's own forward, sent just
+// after q).
+func (c *Correlator) askedDuring(q *query, firstNs, endNs uint64) bool {
+	return firstNs <= q.sentNs+uint64(c.cfg.MinRetryGap) && q.sentNs <= endNs
 }
 
 // upstreamOf describes q, the first lost query of the stall whose incident
@@ -287,15 +300,9 @@ func upstreamOf(q *query, inc *Incident) Upstream {
 // stall's upstream description and its incident (nil when already
 // emitted), or false.
 func (c *Correlator) forwarderOf(q *query) (Upstream, *Incident, bool) {
-	if c.cfg.AddrOwner == nil && !q.dst.Addr().IsLoopback() {
+	fwd, ok := c.askedNS(q)
+	if !ok {
 		return Upstream{}, nil, false
-	}
-	fwd := q.netns
-	if !q.dst.Addr().IsLoopback() {
-		var ok bool
-		if fwd, ok = c.cfg.AddrOwner(q.dst.Addr()); !ok {
-			return Upstream{}, nil, false
-		}
 	}
 	nk, ok := c.latestIn(q, fwd)
 	if !ok || nk == q.nk {
@@ -306,11 +313,7 @@ func (c *Correlator) forwarderOf(q *query) (Upstream, *Incident, bool) {
 		}
 		return Upstream{}, nil, false
 	}
-	// The forwarder's stall was in progress when q was asked (its first
-	// lost query may be q's own forward, sent just after q).
-	covers := func(firstNs, endNs uint64) bool {
-		return firstNs <= q.sentNs+uint64(c.cfg.MinRetryGap) && q.sentNs <= endNs
-	}
+	covers := func(firstNs, endNs uint64) bool { return c.askedDuring(q, firstNs, endNs) }
 	if s, ok := c.ix.names.get(uint64(nk)); ok && s.stall != nil && covers(s.stall.firstNs, c.lastNs) {
 		o := s.stall
 		up := upstreamOf(o.queries[0], o.inc)
@@ -321,11 +324,8 @@ func (c *Correlator) forwarderOf(q *query) (Upstream, *Incident, bool) {
 		up := h.up
 		up.SentMs = float64(int64(h.firstNs)-int64(q.sentNs)) / 1e6
 		var inc *Incident
-		for _, l := range c.waitingOut {
-			if l.inc == h.inc {
-				inc = h.inc
-				break
-			}
+		if c.isLingering(h.inc) {
+			inc = h.inc
 		}
 		return up, inc, true
 	}
