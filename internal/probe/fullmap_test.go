@@ -127,12 +127,16 @@ func fullFlowTable(t *testing.T, viaTun, bySyscalls bool) {
 			silentID++
 		}
 	}
-	refused0 := tr.Stats().FlowsRefused
+	st0 := tr.Stats()
+	refused0 := st0.FlowsRefused
 	sendSilent(fill)
 	// Flows are inserted in the sender's context, by the send or the
-	// first device, so they are all in once the writes returned.
-	if h := held(); h < entries*3/4 {
-		t.Fatalf("after %d unanswered queries the table holds %d of their flows: it has room for %d", fill, h, entries)
+	// first device, so they are all in once the writes returned, less
+	// what the sweeper evicted meanwhile: where sending is slow (an
+	// emulated arm64's kprobes) a sweep can fall inside the fill and
+	// evict down to sweepLow.
+	if h, ev := held(), tr.Stats().FlowsEvicted-st0.FlowsEvicted; h+int(ev) < entries*3/4 {
+		t.Fatalf("after %d unanswered queries the table holds %d of their flows and %d were evicted: it has room for %d", fill, h, ev, entries)
 	}
 	if r := tr.Stats().FlowsRefused - refused0; r == 0 {
 		t.Fatalf("%d unanswered queries into a table of %d: none refused", fill, entries)
