@@ -170,3 +170,80 @@ func BenchmarkRcvbufFlood(b *testing.B) {
 	}
 	b.ReportMetric(float64(incidents)/float64(c.Stats().Queries), "incidents/query")
 }
+
+// BenchmarkForwarderFlood is the correlator's cost of one pod lookup
+// behind a node-local cache that loses upstream queries: 64 pods ask the
+// cache (an address AddrOwner gives its namespace) 100 names, 100,000
+// lookups/s, and the cache asks the cluster DNS VIP for each. One in seven
+// upstream queries is dropped; the cache resends it one second later, and
+// that and the pod's query are answered then. Every cache incident has
+// other pods' queries for its question open while it waits (awaited's
+// walk), and every pod's late answer names it. One b.N is one lookup (2
+// or 3 queries).
+func BenchmarkForwarderFlood(b *testing.B) {
+	const (
+		pods       = 64
+		gap        = 10_000        // ns between lookups
+		retryAfter = 1_000_000_000 // ns: the cache's resend
+		cacheNS    = 4026533000
+	)
+	cache := netip.MustParseAddrPort("169.254.20.10:53")
+	names := make([]event.DNS, 100)
+	for i := range names {
+		names[i].SetQName(fmt.Sprintf("svc-%03d.ns-%02d.svc.cluster.local", i, i%17))
+		names[i].Valid, names[i].QType = true, 1
+	}
+	var incidents int
+	c := correlate.New(correlate.Config{
+		AddrOwner:      func(a netip.Addr) (uint32, bool) { return cacheNS, a == cache.Addr() },
+		ForwarderGrace: 500 * time.Millisecond,
+		OnIncident:     func(*correlate.Incident) { incidents++ },
+	})
+	dropped := func(n uint64) bool { return n%7 == 0 }
+	var e event.Event
+	query := func(qid, t uint64, ns, pid uint32, src, dst netip.AddrPort, name uint64, id uint16) {
+		e = event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: qid, TimeNs: t, NetNS: ns, PID: pid,
+			Packet: event.Tuple{Src: src, Dst: dst, Proto: 17}, DNS: names[name%uint64(len(names))]}
+		e.DNS.ID = id
+		c.Handle(&e)
+	}
+	answer := func(qid, t uint64) {
+		e = event.Event{Kind: event.KindAnswer, QID: qid, TimeNs: t, Flags: event.FlagResponse}
+		c.Handle(&e)
+	}
+	pod := func(n uint64) (uint32, netip.AddrPort) {
+		p := n % pods
+		return benchPod + uint32(p), netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, byte(p)}), uint16(1024+n/pods%60000))
+	}
+	upstream := func(n uint64) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 1, 2}), uint16(1024+n%60000))
+	}
+	run := func(n uint64) {
+		t := 1e12 + n*gap
+		if m := n - retryAfter/gap; n >= retryAfter/gap && dropped(m) {
+			query(3*m+3, t, cacheNS, 219, upstream(m), benchVIP, m, uint16(m))
+			answer(3*m+3, t+40000)
+			answer(3*m+1, t+50000)
+		}
+		ns, src := pod(n)
+		query(3*n+1, t, ns, 1000+uint32(n%pods), src, cache, n, uint16(n))
+		query(3*n+2, t+20000, cacheNS, 219, upstream(n), benchVIP, n, uint16(n))
+		if dropped(n) {
+			e = event.Event{Kind: event.KindDrop, QID: 3*n + 2, TimeNs: t + 30000, NetNS: cacheNS, Reason: 2,
+				Packet: event.Tuple{Src: upstream(n), Dst: benchVIP, Proto: 17}}
+			c.Handle(&e)
+		} else {
+			answer(3*n+2, t+40000)
+			answer(3*n+1, t+50000)
+		}
+		if n%10000 == 0 { // the reader's 100 ms tick
+			c.Tick(t)
+		}
+	}
+	testutil.BenchStream(b, 2*retryAfter/gap, run)
+	st := c.Stats()
+	if st.Lost == 0 || incidents == 0 {
+		b.Fatalf("the stream is wrong: %+v, %d incidents", st, incidents)
+	}
+	b.ReportMetric(float64(incidents)/float64(st.Queries), "incidents/query")
+}

@@ -165,6 +165,11 @@ type Correlator struct {
 	evidence  evidence // decide's scratch
 	compactAt uint64   // when Tick next gives the drops' memory back
 	stalls    stallSet // stalls in progress
+	// stallsAsking counts the stalls in progress whose first query asked
+	// a namespace, by question and namespace (asking.go)
+	stallsAsking [askSlots]askCount
+	// owners caches AddrOwner's answers (askedOf).
+	owners [ownerSlots]ownerEntry
 	// freeRetries: retry states of closed stalls, for the next ones
 	freeRetries []*retries
 	// stallLow is at most lastAttempt of every stall in progress (their
@@ -493,6 +498,7 @@ func (c *Correlator) newQuery(e *event.Event) {
 	}
 	q.sock = sockOf(q.src, q.dst)
 	q.nk = nameOf(q.netns, q.name, lookupOwner(q))
+	q.asked = c.askedOf(q)
 	if e.Flags&event.FlagNoSocket != 0 {
 		q.state = stateUnwatched
 	}

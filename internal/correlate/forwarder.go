@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"net/netip"
+	"time"
 )
 
 // A local forwarder (NodeLocal DNSCache, a dnsmasq, systemd-resolved)
@@ -120,6 +121,7 @@ type lingering struct {
 	// key, name and qtype: the client whose stall it is, and the question
 	// of its first lost query.
 	key   nameKey
+	who   uint64 // clientOf
 	name  uint64
 	qtype uint16
 }
@@ -164,7 +166,7 @@ func (c *Correlator) lingerIncident(inc *Incident, q *query, firstNs, endNs uint
 		c.cfg.OnClosed(inc.NetNS, inc.PID, inc.Cgroup)
 	}
 	c.waitingOut = append(c.waitingOut, lingering{inc: inc, firstNs: firstNs, endNs: endNs, due: endNs + uint64(c.cfg.ForwarderGrace),
-		key: q.nk, name: q.name, qtype: q.qtype})
+		key: q.nk, who: clientOf(q), name: q.name, qtype: q.qtype})
 }
 
 // emitLingering emits the incidents whose grace is over by now (all with
@@ -205,16 +207,19 @@ const askWalk = 1 << 12
 // waits out its resolver's timeout closes seconds after the forwarder's
 // stall ended. l waits for it, at most QueryTTL past its stall's end.
 func (c *Correlator) awaited(l *lingering, now uint64) bool {
-	if now > l.endNs+uint64(c.cfg.QueryTTL) {
+	if now > l.endNs+uint64(c.cfg.QueryTTL) || l.inc.NetNS == 0 {
 		return false
 	}
-	for _, o := range c.stalls.s {
-		if c.joined(l, o.queries[0]) {
-			return true
+	slot := askSlot(l.name, l.qtype, l.inc.NetNS)
+	if c.stallsAsking[slot].others(l.who) {
+		for _, o := range c.stalls.s {
+			if c.joined(l, o.queries[0]) {
+				return true
+			}
 		}
 	}
 	ix := &c.ix
-	if ix.asking[askSlot(l.name, l.qtype)] == 0 {
+	if !ix.asking[slot].others(l.who) {
 		return false
 	}
 	// The order log is by sighting, near enough by send time: find the
@@ -251,16 +256,18 @@ func (c *Correlator) awaited(l *lingering, now uint64) bool {
 // the namespace l's incident is in, while that stall lasted (as
 // forwarderOf finds it from q).
 func (c *Correlator) joined(l *lingering, q *query) bool {
-	if q.name != l.name || q.qtype != l.qtype || q.nk == l.key || !c.askedDuring(q, l.firstNs, l.endNs) {
-		return false
-	}
-	ns, ok := c.askedNS(q)
-	return ok && ns == l.inc.NetNS
+	return q.asked == l.inc.NetNS && q.name == l.name && q.qtype == l.qtype && q.nk != l.key &&
+		c.askedDuring(q, l.firstNs, l.endNs)
 }
 
 // askedNS is the namespace that holds the address q asked (q's own for a
-// loopback address); false when not known.
+// loopback address); false when not known. Unlike q.asked it asks
+// AddrOwner again: an address unknown when q was sent (a pod born since
+// the last scan) may be known now.
 func (c *Correlator) askedNS(q *query) (uint32, bool) {
+	if q.asked != 0 {
+		return q.asked, true
+	}
 	if q.dst.Addr().IsLoopback() {
 		return q.netns, true
 	}
@@ -268,6 +275,44 @@ func (c *Correlator) askedNS(q *query) (uint32, bool) {
 		return 0, false
 	}
 	return c.cfg.AddrOwner(q.dst.Addr())
+}
+
+// ownerSlots and ownerTTL: the cache of AddrOwner's answers that q.asked
+// is read from. Nearly every query asks one of a few addresses (the
+// cluster DNS VIP, a node-local cache), and AddrOwner may rescan the
+// node's namespaces when it does not know one: an answer is kept for
+// ownerTTL of trace time.
+const (
+	ownerSlots = 8
+	ownerTTL   = uint64(10 * time.Second)
+)
+
+type ownerEntry struct {
+	addr  netip.Addr
+	ns    uint32 // 0: no namespace here holds addr
+	until uint64
+}
+
+// askedOf is the namespace q asked, for q.asked: its own for a loopback
+// address, else AddrOwner's answer (cached), 0 when none.
+func (c *Correlator) askedOf(q *query) uint32 {
+	a := q.dst.Addr()
+	if a.IsLoopback() {
+		return q.netns
+	}
+	if c.cfg.AddrOwner == nil {
+		return 0
+	}
+	b := a.As16()
+	e := &c.owners[b[15]&(ownerSlots-1)]
+	if e.addr != a || q.sentNs >= e.until {
+		ns, ok := c.cfg.AddrOwner(a)
+		if !ok {
+			ns = 0
+		}
+		*e = ownerEntry{addr: a, ns: ns, until: q.sentNs + ownerTTL}
+	}
+	return e.ns
 }
 
 // askedDuring: q was asked while a forwarder's stall from firstNs to endNs

@@ -29,13 +29,18 @@ const (
 // query is one DNS question on the wire, from its first sighting. What only
 // a lost or raced query needs lives in *queryExtra, allocated then.
 type query struct {
-	qid    uint64
-	netns  uint32
-	src    netip.AddrPort
-	dst    netip.AddrPort
-	id     uint16
-	qtype  uint16
-	name   uint64 // hash of the question name
+	qid   uint64
+	netns uint32
+	src   netip.AddrPort
+	dst   netip.AddrPort
+	id    uint16
+	qtype uint16
+	name  uint64 // hash of the question name
+	// asked is the namespace that holds the address it asked (its own
+	// for a loopback address), 0 when that is no namespace seen here (a
+	// VIP, a server off the node): a forwarder's incident waits only for
+	// queries that asked its namespace.
+	asked  uint32
 	sock   sockKey
 	nk     nameKey
 	qname  event.Name // interned: queries for one name share it
@@ -237,24 +242,17 @@ type index struct {
 	free      []*query
 	freeNames []*nameState
 	pending   int // queries in statePending
-	// asking counts the pending queries per question (askSlot): a
-	// forwarder's incident waits while a client's may still name it
-	// (forwarder.go), and most questions have none pending.
-	asking [askSlots]uint32
-}
-
-// askSlots is the size of index.asking: questions share a slot when their
-// hashes collide, which only makes an incident look for askers in vain.
-const askSlots = 1 << 12
-
-func askSlot(name uint64, qtype uint16) uint64 {
-	return (name ^ uint64(qtype)*0x9e3779b97f4a7c15) >> 52 & (askSlots - 1)
+	// asking counts the pending queries that asked a namespace, by
+	// question and namespace (asking.go)
+	asking [askSlots]askCount
 }
 
 // notPending counts q out of the pending queries.
 func (ix *index) notPending(q *query) {
 	ix.pending--
-	ix.asking[askSlot(q.name, q.qtype)]--
+	if q.asked != 0 {
+		ix.asking[askSlot(q.name, q.qtype, q.asked)].sub()
+	}
 }
 
 func newIndex() index {
@@ -290,7 +288,9 @@ func (ix *index) add(q *query) {
 	ix.pushOnSocket(q)
 	if q.state == statePending {
 		ix.pending++
-		ix.asking[askSlot(q.name, q.qtype)]++
+		if q.asked != 0 {
+			ix.asking[askSlot(q.name, q.qtype, q.asked)].add(clientOf(q))
+		}
 		q.inYoung, q.youngAt = true, uint32(ix.youngPopped)+uint32(ix.young.len())
 		ix.young.push(youngRef{q, q.sentNs})
 	}

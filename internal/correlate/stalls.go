@@ -38,6 +38,10 @@ type stall struct {
 	r   *retries
 	// openAt is its place in Correlator.stalls while it is in progress.
 	openAt int
+	// asks: its first lost query asked a namespace; it is counted in
+	// Correlator.stallsAsking at askAt while it is in progress.
+	asks  bool
+	askAt uint64
 
 	incident Incident
 	query1   [1]*query
@@ -395,6 +399,10 @@ func (c *Correlator) markLost(q *query, p Packet) {
 			c.stallLow = o.attemptNs
 		}
 		c.stalls.add(o)
+		if q.asked != 0 {
+			o.asks, o.askAt = true, askSlot(q.name, q.qtype, q.asked)
+			c.stallsAsking[o.askAt].add(clientOf(q))
+		}
 		c.stallLog.push(o)
 	}
 	q.held = true
@@ -504,6 +512,9 @@ func (c *Correlator) gaveUp(o *stall) bool {
 // else is going on there: a caller must not use a *nameState it holds
 // across it.
 func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
+	if o.asks && c.stalls.has(o) {
+		c.stallsAsking[o.askAt].sub()
+	}
 	c.stalls.remove(o)
 	if s, ok := c.ix.names.get(uint64(o.key)); ok && s.stall == o {
 		s.stall = nil
