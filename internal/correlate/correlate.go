@@ -167,9 +167,12 @@ type Correlator struct {
 	stalls    stallSet // stalls in progress
 	// stallsAsking counts the stalls in progress whose first query asked
 	// a namespace, by question and namespace (asking.go)
-	stallsAsking [askSlots]askCount
+	stallsAsking askCounts
 	// owners caches AddrOwner's answers (askedOf).
 	owners [ownerSlots]ownerEntry
+	// awaitLooks counts the queries awaited has compared with an
+	// incident: what a test holds to where nobody asks a forwarder.
+	awaitLooks uint64
 	// freeRetries: retry states of closed stalls, for the next ones
 	freeRetries []*retries
 	// stallLow is at most lastAttempt of every stall in progress (their
@@ -235,7 +238,7 @@ type Correlator struct {
 // New returns a Correlator.
 func New(cfg Config) *Correlator {
 	cfg.defaults()
-	return &Correlator{cfg: cfg, seed: maphash.MakeSeed(), ix: newIndex(),
+	return &Correlator{cfg: cfg, seed: maphash.MakeSeed(), ix: newIndex(), stallsAsking: newAskCounts(),
 		kernelNow: map[uint32]ctstats.Counters{}, counted: map[lossKey]uint64{}, attrib: map[uint32]*Attributed{}, strs: new([internSlots]interned),
 		latest: new([resendSlots]resendSlot), latestByNS: new([latestSlots]latestRef), history: new([historySlots]historySet),
 		late: map[nameKey]lateIncident{}, byID: new([byIDSlots]byIDRef), copies: map[uint64]copied{}, earlyUntracked: map[uint64]uint64{}, lastAnswers: new([lastAnswerSlots]lastAnswer)}

@@ -210,16 +210,17 @@ func (c *Correlator) awaited(l *lingering, now uint64) bool {
 	if now > l.endNs+uint64(c.cfg.QueryTTL) || l.inc.NetNS == 0 {
 		return false
 	}
-	slot := askSlot(l.name, l.qtype, l.inc.NetNS)
-	if c.stallsAsking[slot].others(l.who) {
+	k := askKey(l.name, l.qtype, l.inc.NetNS)
+	if c.stallsAsking.others(k, l.who) {
 		for _, o := range c.stalls.s {
+			c.awaitLooks++
 			if c.joined(l, o.queries[0]) {
 				return true
 			}
 		}
 	}
 	ix := &c.ix
-	if !ix.asking[slot].others(l.who) {
+	if !ix.asking.others(k, l.who) {
 		return false
 	}
 	// The order log is by sighting, near enough by send time: find the
@@ -245,6 +246,7 @@ func (c *Correlator) awaited(l *lingering, now uint64) bool {
 		if n == askWalk {
 			return true
 		}
+		c.awaitLooks++
 		if !q.dead && q.state == statePending && c.joined(l, q) {
 			return true
 		}

@@ -1,6 +1,7 @@
 package correlate
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -203,4 +204,56 @@ func TestForwarderIncidentNotHeldWithoutAskers(t *testing.T) {
 		t.Fatalf("%d incidents by 5.7 s, want the cache's, emitted ForwarderGrace after its stall", len(h.incidents))
 	}
 	h.c.Close(12 * sec)
+}
+
+// An incident looks for clients that joined its stall only where some
+// other client asked its namespace its question: a flood of stalls that
+// nobody waits on (one client asking its own namespace, pods asking the
+// VIP) compares no incident with another query. Comparing each incident
+// with every stall in progress made a drop-heavy stream fifty times as
+// costly (BenchmarkDropPath).
+func TestAwaitedLooksOnlyWhereAsked(t *testing.T) {
+	h := newForwarderHarness(t)
+	loopback := netip.MustParseAddrPort("127.0.0.1:53")
+	var qid uint64
+	send := func(at uint64, ns, pid uint32, src, dst netip.AddrPort, name string) uint64 {
+		qid++
+		e := &event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: qid, TimeNs: at, NetNS: ns, PID: pid,
+			Packet: event.Tuple{Src: src, Dst: dst, Proto: 17}, Tier: event.TierFentry}
+		e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, uint16(qid), dns.TypeA
+		e.DNS.SetQName(name)
+		h.c.Handle(e)
+		return qid
+	}
+	// 20 s of lookups, a tick every 100 ms: when the first incidents are
+	// due (12 s), later stalls are open and later queries in flight.
+	const (
+		lookups = 10000
+		gap     = 2 * ms
+	)
+	for n := range uint64(lookups) {
+		at := n * gap
+		port := uint16(1024 + n%60000)
+		// one client asking its own namespace, and pods asking the VIP
+		self := send(at, podA, podPID, netip.AddrPortFrom(loopback.Addr(), port), loopback, fmt.Sprintf("q%d.self.test", n))
+		pod := send(at, podB+uint32(n%64), podPID, netip.AddrPortFrom(srcB.Addr(), port), vip, fmt.Sprintf("svc-%d.lab.test", n%50))
+		for _, q := range []uint64{self, pod} {
+			if n%4 == 0 {
+				h.handle(drop(at+ms/10, q, reasonOtherhost, 3, event.CT{}))
+			} else {
+				h.answer(at+ms/10, q)
+			}
+		}
+		if n%50 == 0 {
+			h.c.Tick(at)
+		}
+	}
+	h.ticks(lookups*gap, 35*sec)
+	if len(h.incidents) < lookups/4 {
+		t.Fatalf("%d incidents from %d lost lookups of each kind", len(h.incidents), lookups/4)
+	}
+	if h.c.awaitLooks != 0 {
+		t.Errorf("%d incidents that nobody else asked about compared with %d queries", len(h.incidents), h.c.awaitLooks)
+	}
+	h.c.Close(36 * sec)
 }

@@ -244,19 +244,19 @@ type index struct {
 	pending   int // queries in statePending
 	// asking counts the pending queries that asked a namespace, by
 	// question and namespace (asking.go)
-	asking [askSlots]askCount
+	asking askCounts
 }
 
 // notPending counts q out of the pending queries.
 func (ix *index) notPending(q *query) {
 	ix.pending--
 	if q.asked != 0 {
-		ix.asking[askSlot(q.name, q.qtype, q.asked)].sub()
+		ix.asking.sub(askKey(q.name, q.qtype, q.asked))
 	}
 }
 
 func newIndex() index {
-	return index{byQID: newTable[*query](), socks: newTable[sockLink](), names: newTable[*nameState]()}
+	return index{byQID: newTable[*query](), socks: newTable[sockLink](), names: newTable[*nameState](), asking: newAskCounts()}
 }
 
 // alloc returns a zeroed query struct, recycled when one is free.
@@ -289,7 +289,7 @@ func (ix *index) add(q *query) {
 	if q.state == statePending {
 		ix.pending++
 		if q.asked != 0 {
-			ix.asking[askSlot(q.name, q.qtype, q.asked)].add(clientOf(q))
+			ix.asking.add(askKey(q.name, q.qtype, q.asked), clientOf(q))
 		}
 		q.inYoung, q.youngAt = true, uint32(ix.youngPopped)+uint32(ix.young.len())
 		ix.young.push(youngRef{q, q.sentNs})

@@ -38,10 +38,10 @@ type stall struct {
 	r   *retries
 	// openAt is its place in Correlator.stalls while it is in progress.
 	openAt int
-	// asks: its first lost query asked a namespace; it is counted in
-	// Correlator.stallsAsking at askAt while it is in progress.
-	asks  bool
-	askAt uint64
+	// askKey: its first lost query asked a namespace; it is counted in
+	// Correlator.stallsAsking by that key while it is in progress (0:
+	// not counted).
+	askKey uint64
 
 	incident Incident
 	query1   [1]*query
@@ -400,8 +400,8 @@ func (c *Correlator) markLost(q *query, p Packet) {
 		}
 		c.stalls.add(o)
 		if q.asked != 0 {
-			o.asks, o.askAt = true, askSlot(q.name, q.qtype, q.asked)
-			c.stallsAsking[o.askAt].add(clientOf(q))
+			o.askKey = askKey(q.name, q.qtype, q.asked)
+			c.stallsAsking.add(o.askKey, clientOf(q))
 		}
 		c.stallLog.push(o)
 	}
@@ -512,8 +512,8 @@ func (c *Correlator) gaveUp(o *stall) bool {
 // else is going on there: a caller must not use a *nameState it holds
 // across it.
 func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
-	if o.asks && c.stalls.has(o) {
-		c.stallsAsking[o.askAt].sub()
+	if o.askKey != 0 && c.stalls.has(o) {
+		c.stallsAsking.sub(o.askKey)
 	}
 	c.stalls.remove(o)
 	if s, ok := c.ix.names.get(uint64(o.key)); ok && s.stall == o {
