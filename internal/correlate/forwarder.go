@@ -1,6 +1,7 @@
 package correlate
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"time"
 )
@@ -285,7 +286,8 @@ func (c *Correlator) askedNS(q *query) (uint32, bool) {
 // node's namespaces when it does not know one: an answer is kept for
 // ownerTTL of trace time.
 const (
-	ownerSlots = 8
+	ownerBits  = 3
+	ownerSlots = 1 << ownerBits
 	ownerTTL   = uint64(10 * time.Second)
 )
 
@@ -305,8 +307,10 @@ func (c *Correlator) askedOf(q *query) uint32 {
 	if c.cfg.AddrOwner == nil {
 		return 0
 	}
+	// The slot from the address's last four bytes: the VIP and a
+	// node-local cache often end alike (10.96.0.10, 169.254.20.10).
 	b := a.As16()
-	e := &c.owners[b[15]&(ownerSlots-1)]
+	e := &c.owners[binary.BigEndian.Uint32(b[12:])*0x9e3779b1>>(32-ownerBits)]
 	if e.addr != a || q.sentNs >= e.until {
 		ns, ok := c.cfg.AddrOwner(a)
 		if !ok {
