@@ -8,9 +8,12 @@ package correlate
 // incident whose namespace nobody else asks that question (nearly every
 // incident: a pod's, whose namespace nobody asks; a flood's, all of one
 // client) looks no further. Only queries that asked a namespace seen here
-// (a loopback address, a node-local cache) are counted; the counts are
-// exact, so that a question asked of a busy forwarder never sends the
-// incidents of other namespaces looking.
+// (a loopback address, a node-local cache) and were still unanswered
+// MinRetryGap after their send are counted, as they join their name's
+// pending list (index.promote): a client waiting on a forwarder's lost
+// query is, and the floods' answered and dropped queries never are. The
+// counts are exact, so that a question asked of a busy forwarder never
+// sends the incidents of other namespaces looking.
 
 // askKey is the key of a question asked of namespace asked (never 0).
 func askKey(name uint64, qtype uint16, asked uint32) uint64 {

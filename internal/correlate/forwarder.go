@@ -211,6 +211,13 @@ func (c *Correlator) awaited(l *lingering, now uint64) bool {
 	if now > l.endNs+uint64(c.cfg.QueryTTL) || l.inc.NetNS == 0 {
 		return false
 	}
+	// A query is counted once MinRetryGap old: every query sent in the
+	// stall is, by then.
+	gap := uint64(c.cfg.MinRetryGap)
+	if now < l.endNs+gap {
+		return true
+	}
+	c.ix.promote(now, gap)
 	k := askKey(l.name, l.qtype, l.inc.NetNS)
 	if c.stallsAsking.others(k, l.who) {
 		for _, o := range c.stalls.s {
@@ -228,7 +235,6 @@ func (c *Correlator) awaited(l *lingering, now uint64) bool {
 	// first query sent MinRetryGap before the stall began (the window of
 	// askedDuring), less another for records out of order, and walk to
 	// its end.
-	gap := uint64(c.cfg.MinRetryGap)
 	lo, hi := max(c.pendFrom, ix.popped), ix.pushed
 	from := l.firstNs - min(l.firstNs, 2*gap)
 	for lo < hi {

@@ -40,20 +40,24 @@ type query struct {
 	// for a loopback address), 0 when that is no namespace seen here (a
 	// VIP, a server off the node): a forwarder's incident waits only for
 	// queries that asked its namespace.
-	asked  uint32
-	sock   sockKey
-	nk     nameKey
-	qname  event.Name // interned: queries for one name share it
-	sentNs uint64
-	cgroup uint64
-	pid    uint32
-	nodeNS uint32 // where its conntrack evidence came from
-	cpu    uint16
-	tier   event.Tier
-	state  qstate
-	dead   bool // forgotten: out of every index
-	held   bool // an open stall refers to it: not recycled yet
-	comm   [16]byte
+	asked uint32
+	// askCounted: it asked a namespace and was still pending MinRetryGap
+	// after its send (promote), so it was counted in index.asking until
+	// it was no longer pending.
+	askCounted bool
+	sock       sockKey
+	nk         nameKey
+	qname      event.Name // interned: queries for one name share it
+	sentNs     uint64
+	cgroup     uint64
+	pid        uint32
+	nodeNS     uint32 // where its conntrack evidence came from
+	cpu        uint16
+	tier       event.Tier
+	state      qstate
+	dead       bool // forgotten: out of every index
+	held       bool // an open stall refers to it: not recycled yet
+	comm       [16]byte
 	// prevPending and nextPending link the unanswered queries of its
 	// name (inPend: q is linked).
 	prevPending, nextPending *query
@@ -242,15 +246,15 @@ type index struct {
 	free      []*query
 	freeNames []*nameState
 	pending   int // queries in statePending
-	// asking counts the pending queries that asked a namespace, by
-	// question and namespace (asking.go)
+	// asking counts the pending queries that asked a namespace, once
+	// promoted (askCounted), by question and namespace (asking.go)
 	asking askCounts
 }
 
 // notPending counts q out of the pending queries.
 func (ix *index) notPending(q *query) {
 	ix.pending--
-	if q.asked != 0 {
+	if q.askCounted {
 		ix.asking.sub(askKey(q.name, q.qtype, q.asked))
 	}
 }
@@ -288,9 +292,6 @@ func (ix *index) add(q *query) {
 	ix.pushOnSocket(q)
 	if q.state == statePending {
 		ix.pending++
-		if q.asked != 0 {
-			ix.asking.add(askKey(q.name, q.qtype, q.asked), clientOf(q))
-		}
 		q.inYoung, q.youngAt = true, uint32(ix.youngPopped)+uint32(ix.young.len())
 		ix.young.push(youngRef{q, q.sentNs})
 	}
@@ -326,6 +327,10 @@ func (ix *index) promote(now, gap uint64) {
 			q.inYoung = false
 			if !q.inPend {
 				ix.nameStateOf(q.nk).pend.push(q)
+			}
+			if q.asked != 0 {
+				q.askCounted = true
+				ix.asking.add(askKey(q.name, q.qtype, q.asked), clientOf(q))
 			}
 		}
 		ix.young.pop()

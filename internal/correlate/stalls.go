@@ -38,9 +38,9 @@ type stall struct {
 	r   *retries
 	// openAt is its place in Correlator.stalls while it is in progress.
 	openAt int
-	// askKey: its first lost query asked a namespace; it is counted in
-	// Correlator.stallsAsking by that key while it is in progress (0:
-	// not counted).
+	// askKey: its first lost query was counted as asking a namespace
+	// (askCounted); it is counted in Correlator.stallsAsking by that key
+	// while it is in progress (0: not counted).
 	askKey uint64
 
 	incident Incident
@@ -399,7 +399,7 @@ func (c *Correlator) markLost(q *query, p Packet) {
 			c.stallLow = o.attemptNs
 		}
 		c.stalls.add(o)
-		if q.asked != 0 {
+		if q.askCounted {
 			o.askKey = askKey(q.name, q.qtype, q.asked)
 			c.stallsAsking.add(o.askKey, clientOf(q))
 		}
