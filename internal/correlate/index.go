@@ -31,32 +31,32 @@ const (
 type query struct {
 	qid   uint64
 	netns uint32
-	src   netip.AddrPort
-	dst   netip.AddrPort
-	id    uint16
-	qtype uint16
-	name  uint64 // hash of the question name
 	// asked is the namespace that holds the address it asked (its own
 	// for a loopback address), 0 when that is no namespace seen here (a
 	// VIP, a server off the node): a forwarder's incident waits only for
 	// queries that asked its namespace.
-	asked uint32
+	asked  uint32
+	src    netip.AddrPort
+	dst    netip.AddrPort
+	id     uint16
+	qtype  uint16
+	name   uint64 // hash of the question name
+	sock   sockKey
+	nk     nameKey
+	qname  event.Name // interned: queries for one name share it
+	sentNs uint64
+	cgroup uint64
+	pid    uint32
+	nodeNS uint32 // where its conntrack evidence came from
+	cpu    uint16
+	tier   event.Tier
+	state  qstate
+	dead   bool // forgotten: out of every index
+	held   bool // an open stall refers to it: not recycled yet
 	// askCounted: it asked a namespace and was still pending MinRetryGap
 	// after its send (promote), so it was counted in index.asking until
 	// it was no longer pending.
 	askCounted bool
-	sock       sockKey
-	nk         nameKey
-	qname      event.Name // interned: queries for one name share it
-	sentNs     uint64
-	cgroup     uint64
-	pid        uint32
-	nodeNS     uint32 // where its conntrack evidence came from
-	cpu        uint16
-	tier       event.Tier
-	state      qstate
-	dead       bool // forgotten: out of every index
-	held       bool // an open stall refers to it: not recycled yet
 	comm       [16]byte
 	// prevPending and nextPending link the unanswered queries of its
 	// name (inPend: q is linked).
