@@ -168,7 +168,7 @@ type Correlator struct {
 	// stallsAsking counts the stalls in progress whose first query asked
 	// a namespace, by question and namespace (asking.go)
 	stallsAsking askCounts
-	// owners caches AddrOwner's answers (askedOf).
+	// owners caches AddrOwner's answers (askedNSCached).
 	owners [ownerSlots]ownerEntry
 	// awaitLooks counts the queries awaited has compared with an
 	// incident: what a test holds to where nobody asks a forwarder.
@@ -501,7 +501,7 @@ func (c *Correlator) newQuery(e *event.Event) {
 	}
 	q.sock = sockOf(q.src, q.dst)
 	q.nk = nameOf(q.netns, q.name, lookupOwner(q))
-	q.asked = c.askedOf(q)
+	q.asked = c.askedNSCached(q)
 	if e.Flags&event.FlagNoSocket != 0 {
 		q.state = stateUnwatched
 	}

@@ -269,16 +269,12 @@ func (c *Correlator) joined(l *lingering, q *query) bool {
 		c.askedDuring(q, l.firstNs, l.endNs)
 }
 
-// askedNS is the namespace that holds the address q asked (q's own for a
-// loopback address); false when not known. Unlike q.asked it asks
-// AddrOwner again: an address unknown when q was sent (a pod born since
-// the last scan) may be known now.
+// askedNS is the namespace that holds the address q asked: q.asked, or,
+// where that is none, AddrOwner's answer now: an address unknown when q
+// was sent (a pod born since the last scan) may be known now.
 func (c *Correlator) askedNS(q *query) (uint32, bool) {
 	if q.asked != 0 {
 		return q.asked, true
-	}
-	if q.dst.Addr().IsLoopback() {
-		return q.netns, true
 	}
 	if c.cfg.AddrOwner == nil {
 		return 0, false
@@ -287,7 +283,7 @@ func (c *Correlator) askedNS(q *query) (uint32, bool) {
 }
 
 // ownerSlots and ownerTTL: the cache of AddrOwner's answers that q.asked
-// is read from. Nearly every query asks one of a few addresses (the
+// is read from (askedNSCached). Nearly every query asks one of a few addresses (the
 // cluster DNS VIP, a node-local cache), and AddrOwner may rescan the
 // node's namespaces when it does not know one: an answer is kept for
 // ownerTTL of trace time.
@@ -303,9 +299,9 @@ type ownerEntry struct {
 	until uint64
 }
 
-// askedOf is the namespace q asked, for q.asked: its own for a loopback
-// address, else AddrOwner's answer (cached), 0 when none.
-func (c *Correlator) askedOf(q *query) uint32 {
+// askedNSCached is the namespace q asked, for q.asked: its own for a
+// loopback address, else AddrOwner's answer (cached), 0 when none.
+func (c *Correlator) askedNSCached(q *query) uint32 {
 	a := q.dst.Addr()
 	if a.IsLoopback() {
 		return q.netns

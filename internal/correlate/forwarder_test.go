@@ -30,13 +30,19 @@ func newForwarderHarness(t *testing.T) *harness {
 	})
 }
 
-// send sends a QUERY record from pid in ns and returns its qid.
+// send sends a QUERY record from pid in ns for svc-00.lab.test and returns
+// its qid.
 func (h *harness) send(t uint64, ns uint32, pid uint32, src, dst netip.AddrPort, id, qtype uint16) uint64 {
+	return h.sendName(t, ns, pid, src, dst, id, qtype, "svc-00.lab.test")
+}
+
+// sendName is send for the question name.
+func (h *harness) sendName(t uint64, ns uint32, pid uint32, src, dst netip.AddrPort, id, qtype uint16, name string) uint64 {
 	h.qid++
 	e := &event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: h.qid, TimeNs: t, NetNS: ns, CPU: uint16(h.qid % 2),
 		Packet: event.Tuple{Src: src, Dst: dst, Proto: 17}, Tier: event.TierFentry, PID: pid}
 	e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, id, qtype
-	e.DNS.SetQName("svc-00.lab.test")
+	e.DNS.SetQName(name)
 	h.c.Handle(e)
 	return h.qid
 }
@@ -215,16 +221,6 @@ func TestForwarderIncidentNotHeldWithoutAskers(t *testing.T) {
 func TestAwaitedLooksOnlyWhereAsked(t *testing.T) {
 	h := newForwarderHarness(t)
 	loopback := netip.MustParseAddrPort("127.0.0.1:53")
-	var qid uint64
-	send := func(at uint64, ns, pid uint32, src, dst netip.AddrPort, name string) uint64 {
-		qid++
-		e := &event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: qid, TimeNs: at, NetNS: ns, PID: pid,
-			Packet: event.Tuple{Src: src, Dst: dst, Proto: 17}, Tier: event.TierFentry}
-		e.DNS.Valid, e.DNS.ID, e.DNS.QType = true, uint16(qid), dns.TypeA
-		e.DNS.SetQName(name)
-		h.c.Handle(e)
-		return qid
-	}
 	// 20 s of lookups, a tick every 100 ms: when the first incidents are
 	// due (12 s), later stalls are open and later queries in flight.
 	const (
@@ -235,8 +231,8 @@ func TestAwaitedLooksOnlyWhereAsked(t *testing.T) {
 		at := n * gap
 		port := uint16(1024 + n%60000)
 		// one client asking its own namespace, and pods asking the VIP
-		self := send(at, podA, podPID, netip.AddrPortFrom(loopback.Addr(), port), loopback, fmt.Sprintf("q%d.self.test", n))
-		pod := send(at, podB+uint32(n%64), podPID, netip.AddrPortFrom(srcB.Addr(), port), vip, fmt.Sprintf("svc-%d.lab.test", n%50))
+		self := h.sendName(at, podA, podPID, netip.AddrPortFrom(loopback.Addr(), port), loopback, port, dns.TypeA, fmt.Sprintf("q%d.self.test", n))
+		pod := h.sendName(at, podB+uint32(n%64), podPID, netip.AddrPortFrom(srcB.Addr(), port), vip, port, dns.TypeA, fmt.Sprintf("svc-%d.lab.test", n%50))
 		for _, q := range []uint64{self, pod} {
 			if n%4 == 0 {
 				h.handle(drop(at+ms/10, q, reasonOtherhost, 3, event.CT{}))

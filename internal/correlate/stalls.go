@@ -40,7 +40,7 @@ type stall struct {
 	openAt int
 	// askKey: its first lost query was counted as asking a namespace
 	// (askCounted); it is counted in Correlator.stallsAsking by that key
-	// while it is in progress (0: not counted).
+	// while it is in progress (0: not counted, or no longer).
 	askKey uint64
 
 	incident Incident
@@ -512,8 +512,9 @@ func (c *Correlator) gaveUp(o *stall) bool {
 // else is going on there: a caller must not use a *nameState it holds
 // across it.
 func (c *Correlator) closeStall(o *stall, endNs uint64, retried bool) {
-	if o.askKey != 0 && c.stalls.has(o) {
+	if o.askKey != 0 {
 		c.stallsAsking.sub(o.askKey)
+		o.askKey = 0
 	}
 	c.stalls.remove(o)
 	if s, ok := c.ix.names.get(uint64(o.key)); ok && s.stall == o {
