@@ -47,7 +47,15 @@ enum skb_drop_reason___dnsrace {
 };
 
 /* skb:kfree_skb and kmem:kmem_cache_free changed their arguments; tp_btf
- * programs are chosen by the loader per prototype (internal/probe/hooks.go),
- * so no flavour is needed here. */
+ * programs are chosen by the loader per prototype (internal/probe/hooks.go).
+ * The perf tracepoint's record (tp_kfree_skb_perf) is one flavour whose
+ * fields are tested with bpf_core_field_exists: reason since v5.17, rx_sk
+ * since v6.11. */
+struct trace_event_raw_kfree_skb___dnsrace {
+	void *skbaddr;
+	void *location;
+	void *rx_sk;
+	enum skb_drop_reason reason;
+} __attribute__((preserve_access_index));
 
 #endif /* DNSRACE_CORE_FIXES_H */

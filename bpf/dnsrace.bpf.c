@@ -133,33 +133,6 @@ int BPF_PROG(tp_kmem_cache_free_site, unsigned long call_site, const void *ptr)
 
 /* ---- __nf_conntrack_confirm ------------------------------------------- */
 
-/* confirm_task_key keys the calling task's confirm stack: its thread id,
- * or for an idle task (id 0 on every CPU) the CPU, above any id. */
-static __always_inline __u64 confirm_task_key(void)
-{
-	__u64 tid = (__u32)bpf_get_current_pid_tgid();
-	return tid ? tid : (1ULL << 32) | bpf_get_smp_processor_id();
-}
-
-/* confirm_stack_of is the stack confirm's entries and returns pair on: the
- * CPU's, or where a task can move between them (confirm_by_task) the
- * task's, made at its first entry when create. */
-static __always_inline struct confirm_stack *confirm_stack_of(__u64 *key, bool create)
-{
-	__u32 zero = 0;
-	struct confirm_stack *cpu = bpf_map_lookup_elem(&confirm_stack, &zero);
-	if (!confirm_by_task || !cpu)
-		return cpu;
-	*key = confirm_task_key();
-	struct confirm_stack *st = bpf_map_lookup_elem(&confirm_stacks, key);
-	if (st || !create)
-		return st;
-	/* The CPU's own stack is unused in this mode: an empty value to copy. */
-	cpu->depth = 0;
-	bpf_map_update_elem(&confirm_stacks, key, cpu, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&confirm_stacks, key);
-}
-
 SEC("kprobe/__nf_conntrack_confirm")
 int BPF_KPROBE(kp_nf_conntrack_confirm, struct sk_buff *skb)
 {
@@ -298,19 +271,40 @@ int BPF_PROG(fe_udpv6_sendmsg, struct sock *sk, struct msghdr *msg)
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(tp_kfree_skb_rx_sk, struct sk_buff *skb, void *location, int reason, struct sock *rx_sk)
 {
-	return drop(skb, (__u64)location, reason, rx_sk);
+	return drop(skb, (__u64)location, reason, rx_sk, true);
 }
 
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(tp_kfree_skb_reason, struct sk_buff *skb, void *location, int reason)
 {
-	return drop(skb, (__u64)location, reason, NULL);
+	return drop(skb, (__u64)location, reason, NULL, true);
 }
 
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(tp_kfree_skb_noreason, struct sk_buff *skb, void *location)
 {
-	return drop(skb, (__u64)location, 0, NULL);
+	return drop(skb, (__u64)location, 0, NULL, true);
+}
+
+/* Where the kernel preempts kernel code, the loader takes the perf
+ * tracepoint instead. Linux 7.2 calls a tracepoint's probes under
+ * SRCU-fast, not with preemption off ("tracing: Guard __DECLARE_TRACE() use
+ * of __DO_TRACE_CALL() with SRCU-fast"); a tp_btf program running in a task
+ * can so be preempted holding its per-CPU recursion guard, and every other
+ * run of it on that CPU is skipped until the task resumes. A drop at a local
+ * socket's LOCAL_OUT runs in its task. Perf tracepoints still turn
+ * preemption off (perf_trace_##call), so their program is never preempted
+ * and skips a run only when it nests in an interrupt (docs/kernel.md §13). */
+SEC("tracepoint/skb/kfree_skb")
+int tp_kfree_skb_perf(struct trace_event_raw_kfree_skb___dnsrace *ctx)
+{
+	__u32 reason = 0;
+	struct sock *rx_sk = NULL;
+	if (bpf_core_field_exists(ctx->reason))
+		reason = ctx->reason;
+	if (bpf_core_field_exists(ctx->rx_sk))
+		rx_sk = ctx->rx_sk;
+	return drop(ctx->skbaddr, (__u64)ctx->location, reason, rx_sk, false);
 }
 
 /* ---- full receive buffers --------------------------------------------- */

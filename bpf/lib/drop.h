@@ -60,13 +60,14 @@ static __always_inline bool drop_is_deferred(__u32 reason)
  * holds its reply tuple (another flow got the same mapping) or its original
  * tuple (the same socket's other packet), else waits for it (unresolved).
  * Its records say TIER_TRACEPOINT in every tier: kfree_skb is a tracepoint
- * in all of them. */
-static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reason, struct sock *rx_sk)
+ * in all of them. btf: skb and rx_sk are typed pointers (tp_btf), not
+ * plain addresses (the perf tracepoint's record). */
+static __always_inline int drop(struct sk_buff *skb, __u64 location, __u32 reason, struct sock *rx_sk, bool btf)
 {
 	struct seen s = {};
-	if (!dns_packet(skb, &s, true, false))
+	if (!dns_packet(skb, &s, btf, false))
 		return 0;
-	s.netns = skb_netns(skb, rx_sk, true);
+	s.netns = skb_netns(skb, rx_sk, btf);
 	if (!netns_match(s.netns))
 		return 0;
 	__u64 qid = 0;

@@ -293,9 +293,10 @@ static const __u32 device_seen_key = 0;
 struct pending_confirm {
 	__u64 qid;
 	__u32 netns;
-	__u32 _pad;
+	__u32 clashed; /* nf_ct_resolve_clash ran inside: winner is set */
 	struct tuple pkt;
 	struct ct ct;
+	struct ct winner;
 };
 
 /* fentry: keyed by skb, completed at fexit (same skb argument). */
@@ -344,20 +345,6 @@ struct {
 	__type(key, __u64);
 	__type(value, struct confirm_stack);
 } confirm_stacks SEC(".maps");
-
-/* The winner nf_ct_resolve_clash saw, for the confirm it runs inside (same
- * CPU, same skb). */
-struct clash_slot {
-	__u64 skb;
-	struct ct winner;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct clash_slot);
-} clash_slot SEC(".maps");
 
 /* Scratch for fentry's entry (the stack is too small for it). */
 struct {

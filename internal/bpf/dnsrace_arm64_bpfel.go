@@ -41,37 +41,6 @@ type DnsraceAwaited struct {
 	Ts  uint64
 }
 
-type DnsraceClashSlot struct {
-	_      structs.HostLayout
-	Skb    uint64
-	Winner struct {
-		_      structs.HostLayout
-		Ptr    uint64
-		Status uint32
-		Pad    uint32
-		Orig   struct {
-			_      structs.HostLayout
-			Saddr  [16]uint8
-			Daddr  [16]uint8
-			Sport  uint16
-			Dport  uint16
-			Family uint8
-			Proto  uint8
-			Pad    [2]uint8
-		}
-		Reply struct {
-			_      structs.HostLayout
-			Saddr  [16]uint8
-			Daddr  [16]uint8
-			Sport  uint16
-			Dport  uint16
-			Family uint8
-			Proto  uint8
-			Pad    [2]uint8
-		}
-	}
-}
-
 type DnsraceConfig struct {
 	_           structs.HostLayout
 	Ports       [8]uint16
@@ -177,11 +146,11 @@ type DnsraceFlowKey struct {
 }
 
 type DnsracePendingConfirm struct {
-	_     structs.HostLayout
-	Qid   uint64
-	Netns uint32
-	Pad   uint32
-	Pkt   struct {
+	_       structs.HostLayout
+	Qid     uint64
+	Netns   uint32
+	Clashed uint32
+	Pkt     struct {
 		_      structs.HostLayout
 		Saddr  [16]uint8
 		Daddr  [16]uint8
@@ -192,6 +161,32 @@ type DnsracePendingConfirm struct {
 		Pad    [2]uint8
 	}
 	Ct struct {
+		_      structs.HostLayout
+		Ptr    uint64
+		Status uint32
+		Pad    uint32
+		Orig   struct {
+			_      structs.HostLayout
+			Saddr  [16]uint8
+			Daddr  [16]uint8
+			Sport  uint16
+			Dport  uint16
+			Family uint8
+			Proto  uint8
+			Pad    [2]uint8
+		}
+		Reply struct {
+			_      structs.HostLayout
+			Saddr  [16]uint8
+			Daddr  [16]uint8
+			Sport  uint16
+			Dport  uint16
+			Family uint8
+			Proto  uint8
+			Pad    [2]uint8
+		}
+	}
+	Winner struct {
 		_      structs.HostLayout
 		Ptr    uint64
 		Status uint32
@@ -411,7 +406,6 @@ const (
 const (
 	DnsraceMapAnswers                 = "answers"
 	DnsraceMapAskers                  = "askers"
-	DnsraceMapClashSlot               = "clash_slot"
 	DnsraceMapConfirmEntry            = "confirm_entry"
 	DnsraceMapConfirmScratch          = "confirm_scratch"
 	DnsraceMapConfirmStack            = "confirm_stack"
@@ -447,6 +441,7 @@ const (
 	DnsraceProgNfConfirmSoon          = "nf_confirm_soon"
 	DnsraceProgSweepFlows             = "sweep_flows"
 	DnsraceProgTpKfreeSkbNoreason     = "tp_kfree_skb_noreason"
+	DnsraceProgTpKfreeSkbPerf         = "tp_kfree_skb_perf"
 	DnsraceProgTpKfreeSkbReason       = "tp_kfree_skb_reason"
 	DnsraceProgTpKfreeSkbRxSk         = "tp_kfree_skb_rx_sk"
 	DnsraceProgTpKmemCacheFree        = "tp_kmem_cache_free"
@@ -528,6 +523,7 @@ type DnsraceProgramSpecs struct {
 	NfConfirmSoon          *ebpf.ProgramSpec `ebpf:"nf_confirm_soon"`
 	SweepFlows             *ebpf.ProgramSpec `ebpf:"sweep_flows"`
 	TpKfreeSkbNoreason     *ebpf.ProgramSpec `ebpf:"tp_kfree_skb_noreason"`
+	TpKfreeSkbPerf         *ebpf.ProgramSpec `ebpf:"tp_kfree_skb_perf"`
 	TpKfreeSkbReason       *ebpf.ProgramSpec `ebpf:"tp_kfree_skb_reason"`
 	TpKfreeSkbRxSk         *ebpf.ProgramSpec `ebpf:"tp_kfree_skb_rx_sk"`
 	TpKmemCacheFree        *ebpf.ProgramSpec `ebpf:"tp_kmem_cache_free"`
@@ -544,7 +540,6 @@ type DnsraceProgramSpecs struct {
 type DnsraceMapSpecs struct {
 	Answers        *ebpf.MapSpec `ebpf:"answers"`
 	Askers         *ebpf.MapSpec `ebpf:"askers"`
-	ClashSlot      *ebpf.MapSpec `ebpf:"clash_slot"`
 	ConfirmEntry   *ebpf.MapSpec `ebpf:"confirm_entry"`
 	ConfirmScratch *ebpf.MapSpec `ebpf:"confirm_scratch"`
 	ConfirmStack   *ebpf.MapSpec `ebpf:"confirm_stack"`
@@ -609,7 +604,6 @@ func (o *DnsraceObjects) Close() error {
 type DnsraceMaps struct {
 	Answers        *ebpf.Map `ebpf:"answers"`
 	Askers         *ebpf.Map `ebpf:"askers"`
-	ClashSlot      *ebpf.Map `ebpf:"clash_slot"`
 	ConfirmEntry   *ebpf.Map `ebpf:"confirm_entry"`
 	ConfirmScratch *ebpf.Map `ebpf:"confirm_scratch"`
 	ConfirmStack   *ebpf.Map `ebpf:"confirm_stack"`
@@ -636,7 +630,6 @@ func (m *DnsraceMaps) Close() error {
 	return _DnsraceClose(
 		m.Answers,
 		m.Askers,
-		m.ClashSlot,
 		m.ConfirmEntry,
 		m.ConfirmScratch,
 		m.ConfirmStack,
@@ -699,6 +692,7 @@ type DnsracePrograms struct {
 	NfConfirmSoon          *ebpf.Program `ebpf:"nf_confirm_soon"`
 	SweepFlows             *ebpf.Program `ebpf:"sweep_flows"`
 	TpKfreeSkbNoreason     *ebpf.Program `ebpf:"tp_kfree_skb_noreason"`
+	TpKfreeSkbPerf         *ebpf.Program `ebpf:"tp_kfree_skb_perf"`
 	TpKfreeSkbReason       *ebpf.Program `ebpf:"tp_kfree_skb_reason"`
 	TpKfreeSkbRxSk         *ebpf.Program `ebpf:"tp_kfree_skb_rx_sk"`
 	TpKmemCacheFree        *ebpf.Program `ebpf:"tp_kmem_cache_free"`
@@ -726,6 +720,7 @@ func (p *DnsracePrograms) Close() error {
 		p.NfConfirmSoon,
 		p.SweepFlows,
 		p.TpKfreeSkbNoreason,
+		p.TpKfreeSkbPerf,
 		p.TpKfreeSkbReason,
 		p.TpKfreeSkbRxSk,
 		p.TpKmemCacheFree,

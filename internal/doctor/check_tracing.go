@@ -181,7 +181,7 @@ func checkTracing(_ context.Context, e *env) Result {
 		r.Summary = "dnsrace trace cannot run here: tp_btf programs are refused"
 		r.Fix = "check the BPF LSM policy and kernel.unprivileged_bpf_disabled; run as root with CAP_BPF and CAP_PERFMON"
 	case fentry == "yes" && preempt.Preempts && kprobes != "no":
-		r.Verdict, r.Summary = OK, "dnsrace trace gets kprobes on __nf_conntrack_confirm, the sends and the reads, fentry on nf_ct_resolve_clash: this kernel preempts kernel code, where a fentry program in a task makes its other runs skip"
+		r.Verdict, r.Summary = OK, "dnsrace trace gets kprobes on __nf_conntrack_confirm, the sends and the reads, fentry on nf_ct_resolve_clash, a perf tracepoint on kfree_skb: this kernel preempts kernel code, where a fentry or tp_btf program in a task makes its other runs skip"
 	case fentry == "yes" && preempt.Preempts:
 		r.Verdict = Warn
 		r.Summary = "dnsrace trace gets the fentry/fexit tier, but this kernel preempts kernel code and has no kprobes: runs of the hooks in a task (confirm of a local socket's packet, the sends, the reads) can be skipped, counted as recursion misses"

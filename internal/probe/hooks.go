@@ -164,13 +164,18 @@ func tracepointArgs(k *btf.Spec, tp string) ([]btf.FuncParam, error) {
 }
 
 // kfreeSkbVariant picks the kfree_skb program by the tracepoint's arity:
-// (skb, location) before 5.17, + reason in 5.17, + rx_sk in 6.11.
+// (skb, location) before 5.17, + reason in 5.17, + rx_sk in 6.11. Where
+// the kernel preempts kernel code it takes the perf tracepoint, whose
+// program runs with preemption off: a tp_btf program preempted in a task
+// makes every other run on its CPU skip (docs/kernel.md §13).
 func kfreeSkbVariant(l *loader) (string, error) {
 	args, err := tracepointArgs(l.kspec, "kfree_skb")
 	if err != nil {
 		return "", err
 	}
 	switch {
+	case l.preempt.Preempts:
+		return bpf.DnsraceProgTpKfreeSkbPerf, nil
 	case len(args) >= 4:
 		return bpf.DnsraceProgTpKfreeSkbRxSk, nil
 	case len(args) == 3:

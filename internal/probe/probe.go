@@ -294,7 +294,7 @@ func newLoader(opts Options) (*loader, error) {
 		return nil, err
 	}
 	l := &loader{t: &Tracer{maps: map[string]*ebpf.Map{}}, spec: spec, kspec: kspec, opts: opts, cfg: cfg, cache: cache,
-		preempt: preemption.Detect(os.Open, kconfig.Release())}
+		preempt: detectPreemption()}
 	if opts.KernelBTF != "" {
 		l.progOpts.KernelTypes = kspec
 		// An explicit kernel spec replaces module BTF too: add the
@@ -328,6 +328,10 @@ func kernelSpec(path string, cache *btf.Cache) (*btf.Spec, error) {
 	}
 	return s, nil
 }
+
+// detectPreemption reads the running kernel's preemption model; tests
+// replace it to load the programs a preempting kernel gets.
+var detectPreemption = func() preemption.Model { return preemption.Detect(os.Open, kconfig.Release()) }
 
 type loader struct {
 	t        *Tracer
@@ -486,6 +490,9 @@ func (l *loader) tracepoint(h tpHook) error {
 	var lk link.Link
 	if ps := l.spec.Programs[prog]; ps.Type == ebpf.RawTracepoint {
 		lk, err = link.AttachRawTracepoint(link.RawTracepointOptions{Name: ps.AttachTo, Program: coll.Programs[prog]})
+	} else if ps.Type == ebpf.TracePoint {
+		group, name, _ := strings.Cut(ps.AttachTo, "/")
+		lk, err = link.Tracepoint(group, name, coll.Programs[prog], nil)
 	} else {
 		lk, err = link.AttachTracing(link.TracingOptions{Program: coll.Programs[prog], AttachType: ebpf.AttachTraceRawTp})
 	}
@@ -790,7 +797,8 @@ func (t *Tracer) Lost() uint64 { return t.Stats().Lost }
 
 // Missed returns, by program name, the runs the kernel skipped because a
 // BPF program was already running on that CPU (the program's
-// recursion_misses): hook calls no record could come from. Every loaded
+// recursion_misses), and, for kprobes, those their link counts as missed
+// (probeMissed): hook calls no record could come from. Every loaded
 // program is there, from 0. The kernel counts them for fentry since 5.12, for
 // tracepoints since 6.2 and for kprobes since 6.7; before that they stay
 // 0. Reading is one bpf(2) call per program, whatever
@@ -802,6 +810,7 @@ func (t *Tracer) Missed() (map[string]uint64, error) {
 		return nil, nil
 	}
 	out := map[string]uint64{}
+	byID := map[ebpf.ProgramID]string{}
 	for _, c := range t.colls {
 		for name, p := range c.Programs {
 			st, err := p.Stats()
@@ -809,9 +818,40 @@ func (t *Tracer) Missed() (map[string]uint64, error) {
 				return nil, fmt.Errorf("reading the statistics of %s: %w", name, err)
 			}
 			out[name] += st.RecursionMisses
+			if info, err := p.Info(); err == nil {
+				if id, ok := info.ID(); ok {
+					byID[id] = name
+				}
+			}
+		}
+	}
+	for _, lk := range t.links {
+		if n, id := probeMissed(lk); n > 0 && byID[id] != "" {
+			out[byID[id]] += n
 		}
 	}
 	return out, nil
+}
+
+// probeMissed is what a kprobe's own link counts as missed (6.7+): runs
+// its program never saw because the kprobe was reentered, a kretprobe had
+// no instance left for the call, or fprobe's recursion guard refused it.
+// The program's recursion_misses do not include them. 0 for other links
+// and older kernels.
+func probeMissed(lk link.Link) (uint64, ebpf.ProgramID) {
+	info, err := lk.Info()
+	if err != nil {
+		return 0, 0
+	}
+	if km := info.KprobeMulti(); km != nil {
+		return km.Missed, info.Program
+	}
+	if pe := info.PerfEvent(); pe != nil {
+		if kp := pe.Kprobe(); kp != nil {
+			return kp.Missed, info.Program
+		}
+	}
+	return 0, 0
 }
 
 // FlowsLive counts the flows in the kernel's map now: queries not yet

@@ -26,6 +26,7 @@ import (
 	"github.com/dnsrace/dnsrace/internal/ctstats"
 	"github.com/dnsrace/dnsrace/internal/event"
 	"github.com/dnsrace/dnsrace/internal/ksym"
+	"github.com/dnsrace/dnsrace/internal/preemption"
 	"github.com/dnsrace/dnsrace/internal/testutil"
 )
 
@@ -168,6 +169,22 @@ func checkMissed(t *testing.T, tr *Tracer) {
 func TestDrop(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
+	t.Run("detected", func(t *testing.T) { testDrop(t, "") })
+	// Where the kernel preempts kernel code, kfree_skb is a perf
+	// tracepoint (kfreeSkbVariant): load that program on any kernel.
+	t.Run("preempting", func(t *testing.T) {
+		saved := detectPreemption
+		t.Cleanup(func() { detectPreemption = saved })
+		detectPreemption = func() preemption.Model {
+			return preemption.Model{Name: "full", Preempts: true, Basis: "the test"}
+		}
+		testDrop(t, bpf.DnsraceProgTpKfreeSkbPerf)
+	})
+}
+
+// testDrop is TestDrop; wantProg, if set, is the kfree_skb program that
+// must be attached.
+func testDrop(t *testing.T, wantProg string) {
 	n := newTwoNS(t)
 	// nft: inet filter input: ct state new udp dport 53 drop
 	nftRules(t, n.server, nftables.TableFamilyINet, nftables.ChainTypeFilter,
@@ -175,6 +192,20 @@ func TestDrop(t *testing.T) {
 		join(ctStateNew(), udpDport(53), []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}})...)
 	tier := testTier(t)
 	tr := openTier(t, Options{Attach: tier})
+	if wantProg != "" {
+		var got []string
+		for _, p := range tr.Probes() {
+			if p.Hook == "kfree_skb" {
+				got = append(got, p.Program)
+				if p.Program != wantProg || !p.Attached {
+					t.Errorf("kfree_skb: program %s attached=%v, want %s", p.Program, p.Attached, wantProg)
+				}
+			}
+		}
+		if len(got) == 0 {
+			t.Error("no kfree_skb hook")
+		}
+	}
 	c := collect(t, tr)
 	n.sendUDP(t, serverAddr, 9999, []byte("not dns"))
 	qname := uniqueName(t)
