@@ -855,13 +855,20 @@ func probeMissed(lk link.Link) (uint64, ebpf.ProgramID) {
 }
 
 // FlowsLive counts the flows in the kernel's map now: queries not yet
-// answered and not yet evicted. It walks the map: call it rarely.
+// answered and not yet evicted. It walks the map: call it rarely. Where
+// the sweep program loaded, the walk is a run of it (map syscalls would
+// make the kprobe and perf tracepoint programs skip, lib/sweep.h).
 func (t *Tracer) FlowsLive() uint64 {
 	t.closeMu.RLock()
 	defer t.closeMu.RUnlock()
 	m := t.maps[bpf.DnsraceMapFlows]
 	if m == nil || t.closed {
 		return 0
+	}
+	if t.sweeper != nil {
+		if n, ok := t.sweeper.flowsLive(); ok {
+			return n
+		}
 	}
 	var n uint64
 	var k bpf.DnsraceFlowKey

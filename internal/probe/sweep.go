@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -307,6 +308,25 @@ func (t *progTable) sweep(_, maxAge uint32, _ *[]uint64) (swept, nEvicted int, f
 		swept, nEvicted, left = swept+int(io.Swept), int(io.Evicted), int(io.Left)
 	}
 	return swept, nEvicted, float64(left) / float64(t.size), nil
+}
+
+// flowsLive counts the flow table's entries with one run of the sweep
+// program that deletes none (no age exceeds the largest); false where the
+// table is swept with syscalls. Safe beside the sweeper's own runs.
+func (s *sweeper) flowsLive() (uint64, bool) {
+	if len(s.tables) == 0 {
+		return 0, false
+	}
+	flows, ok := s.tables[0].(*progTable)
+	if !ok {
+		return 0, false
+	}
+	own := progTable{prog: flows.prog, table: flows.table, size: flows.size}
+	io, err := own.run(bpf.DnsraceSweepIo{MaxAge: math.MaxUint32})
+	if err != nil {
+		return 0, false
+	}
+	return uint64(io.Left), true
 }
 
 func (t *progTable) run(io bpf.DnsraceSweepIo) (bpf.DnsraceSweepIo, error) {

@@ -87,6 +87,12 @@ func TestSweepProgram(t *testing.T) {
 		put(stale+i, uint32(i*maxAge/2/fresh))
 	}
 
+	// Counting the table (FlowsLive, a run that deletes nothing) sees
+	// every entry and deletes none.
+	if n := tr.FlowsLive(); n != stale+fresh {
+		t.Errorf("FlowsLive() = %d before the sweep, want %d", n, stale+fresh)
+	}
+
 	var mu sync.Mutex
 	reported := map[uint64]int{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -107,6 +113,9 @@ func TestSweepProgram(t *testing.T) {
 	wantEvicted := fresh - entries/2
 	if swept != stale || evicted != wantEvicted || full != sweepLow {
 		t.Errorf("swept %d, evicted %d, left %.2f full; want %d, %d, %.2f", swept, evicted, full, stale, wantEvicted, sweepLow)
+	}
+	if n := tr.FlowsLive(); n != entries/2 {
+		t.Errorf("FlowsLive() = %d after the sweep, want %d", n, entries/2)
 	}
 	// The kept are younger than the evicted, within a bin.
 	var youngestGone uint32 = maxAge
