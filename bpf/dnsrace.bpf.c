@@ -293,8 +293,10 @@ int BPF_PROG(tp_kfree_skb_noreason, struct sk_buff *skb, void *location)
  * can so be preempted holding its per-CPU recursion guard, and every other
  * run of it on that CPU is skipped until the task resumes. A drop at a local
  * socket's LOCAL_OUT runs in its task. Perf tracepoints still turn
- * preemption off (perf_trace_##call), so their program is never preempted
- * and skips a run only when it nests in an interrupt (docs/kernel.md §13). */
+ * preemption off (perf_trace_##call), so their program is never preempted;
+ * it shares bpf_prog_active with the kprobe programs and map syscalls, and
+ * skips a run only when it lands inside one of those on its CPU
+ * (docs/kernel.md §13). */
 SEC("tracepoint/skb/kfree_skb")
 int tp_kfree_skb_perf(struct trace_event_raw_kfree_skb___dnsrace *ctx)
 {
