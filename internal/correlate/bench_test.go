@@ -181,6 +181,20 @@ func BenchmarkRcvbufFlood(b *testing.B) {
 // walk), and every pod's late answer names it. One b.N is one lookup (2
 // or 3 queries).
 func BenchmarkForwarderFlood(b *testing.B) {
+	var incidents int
+	c, run, warm := forwarderFlood(func(*correlate.Incident) { incidents++ })
+	testutil.BenchStream(b, 2*warm, run)
+	st := c.Stats()
+	if st.Lost == 0 || incidents == 0 {
+		b.Fatalf("the stream is wrong: %+v, %d incidents", st, incidents)
+	}
+	b.ReportMetric(float64(incidents)/float64(st.Queries), "incidents/query")
+}
+
+// forwarderFlood is BenchmarkForwarderFlood's stream: its correlator,
+// one lookup's records (n is the lookup), and how many lookups until the
+// first retries come.
+func forwarderFlood(onIncident func(*correlate.Incident)) (*correlate.Correlator, func(uint64), uint64) {
 	const (
 		pods       = 64
 		gap        = 10_000        // ns between lookups
@@ -193,11 +207,10 @@ func BenchmarkForwarderFlood(b *testing.B) {
 		names[i].SetQName(fmt.Sprintf("svc-%03d.ns-%02d.svc.cluster.local", i, i%17))
 		names[i].Valid, names[i].QType = true, 1
 	}
-	var incidents int
 	c := correlate.New(correlate.Config{
 		AddrOwner:      func(a netip.Addr) (uint32, bool) { return cacheNS, a == cache.Addr() },
 		ForwarderGrace: 500 * time.Millisecond,
-		OnIncident:     func(*correlate.Incident) { incidents++ },
+		OnIncident:     onIncident,
 	})
 	dropped := func(n uint64) bool { return n%7 == 0 }
 	var e event.Event
@@ -240,10 +253,5 @@ func BenchmarkForwarderFlood(b *testing.B) {
 			c.Tick(t)
 		}
 	}
-	testutil.BenchStream(b, 2*retryAfter/gap, run)
-	st := c.Stats()
-	if st.Lost == 0 || incidents == 0 {
-		b.Fatalf("the stream is wrong: %+v, %d incidents", st, incidents)
-	}
-	b.ReportMetric(float64(incidents)/float64(st.Queries), "incidents/query")
+	return c, run, retryAfter / gap
 }

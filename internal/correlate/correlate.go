@@ -182,10 +182,13 @@ type Correlator struct {
 	stallLow uint64
 	// stallLog is stalls by opening, oldest first, for the cap; closed
 	// ones leave it lazily.
-	stallLog fifo[*stall]
+	stallLog fifo[stallRef]
 	// waiting: stalls waiting for their retry's attempt to end (some
 	// already ended, or gone on; endAttempts drops them).
-	waiting []*stall
+	waiting []stallRef
+	// freeStalls: stalls whose incidents were given back (Recycle), for
+	// the next ones
+	freeStalls []*stall
 	// pendFrom: no query before this place in the order log (seq) waits
 	// for its answer (oldestPending).
 	pendFrom uint64
@@ -590,7 +593,7 @@ func (c *Correlator) expire(now uint64) {
 		c.stallLow = low
 	}
 	if c.stallLog.len() > 2*c.stalls.len()+1024 {
-		c.stallLog.keep(c.stalls.has)
+		c.stallLog.keep(c.inProgress)
 		c.stallLog.compact()
 	}
 	for k, t := range c.counted {

@@ -104,11 +104,12 @@ type historySet struct {
 }
 
 // pastStall is an ended stall, as a client's query may need it: when it
-// ran, its incident, and its first lost query.
+// ran, its incident's ID (the incident itself may be given back once
+// emitted: Recycle), and its first lost query's upstream.
 type pastStall struct {
 	key            nameKey
 	firstNs, endNs uint64
-	inc            *Incident
+	id             uint64
 	up             Upstream
 }
 
@@ -131,7 +132,7 @@ type lingering struct {
 // the stall in its client's history.
 func (c *Correlator) linger(o *stall, endNs uint64) {
 	first := o.queries[0]
-	c.remember(pastStall{key: o.key, firstNs: o.firstNs, endNs: endNs, inc: o.inc, up: upstreamOf(first, o.inc)})
+	c.remember(pastStall{key: o.key, firstNs: o.firstNs, endNs: endNs, id: o.inc.ID, up: upstreamOf(first, o.inc)})
 	c.lingerIncident(o.inc, first, o.firstNs, endNs)
 }
 
@@ -147,7 +148,7 @@ func (c *Correlator) pastStallOf(nk nameKey, covers func(firstNs, endNs uint64) 
 	var best *pastStall
 	h := &c.history[historySlot(nk)]
 	for i := range h.past {
-		if p := &h.past[i]; p.key == nk && p.inc != nil && covers(p.firstNs, p.endNs) && (best == nil || p.firstNs > best.firstNs) {
+		if p := &h.past[i]; p.key == nk && p.id != 0 && covers(p.firstNs, p.endNs) && (best == nil || p.firstNs > best.firstNs) {
 			best = p
 		}
 	}
@@ -376,13 +377,22 @@ func (c *Correlator) forwarderOf(q *query) (Upstream, *Incident, bool) {
 	if h := c.pastStallOf(nk, covers); h != nil {
 		up := h.up
 		up.SentMs = float64(int64(h.firstNs)-int64(q.sentNs)) / 1e6
-		var inc *Incident
-		if c.isLingering(h.inc) {
-			inc = h.inc
-		}
-		return up, inc, true
+		return up, c.lingeringByID(h.id), true
 	}
 	return Upstream{}, nil, false
+}
+
+// upstreamFor is up where inc keeps it: in its stall when it has one (a
+// pointer to up itself would put up on the heap at every call, found or
+// not).
+func upstreamFor(inc *Incident, up Upstream) *Upstream {
+	if o := inc.owner; o != nil {
+		o.upstream = up
+		return &o.upstream
+	}
+	p := new(Upstream)
+	*p = up
+	return p
 }
 
 // explainByForwarder makes inc, a client's stall that no loss of its own
@@ -393,7 +403,7 @@ func (c *Correlator) explainByForwarder(inc *Incident, q *query) {
 	if !ok {
 		return
 	}
-	inc.Upstream = &up
+	inc.Upstream = upstreamFor(inc, up)
 	if up.TCP {
 		return // its answer came late; why is not known
 	}
@@ -487,6 +497,17 @@ func (c *Correlator) unlinger(inc *Incident) *Incident {
 		if l.inc == inc {
 			c.waitingOut = append(c.waitingOut[:i], c.waitingOut[i+1:]...)
 			return inc
+		}
+	}
+	return nil
+}
+
+// lingeringByID returns the incident with this ID if it waits to be
+// emitted, else nil.
+func (c *Correlator) lingeringByID(id uint64) *Incident {
+	for _, l := range c.waitingOut {
+		if l.inc.ID == id {
+			return l.inc
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"time"
 
@@ -202,7 +203,37 @@ type Incident struct {
 	Downstream     []Asker `json:"downstream,omitempty"`
 	DownstreamMore int     `json:"downstream_more,omitempty"`
 
-	key nameKey // its lookup's, while a late answer's waits (forwarder.go)
+	key   nameKey // its lookup's, while a late answer's waits (forwarder.go)
+	owner *stall  // the stall it is part of, if any, until Recycle
+}
+
+// Clone returns a copy of inc that shares no memory with it: an incident a
+// stall carried is given back for reuse once written (Recycle), so what a
+// caller keeps beyond trace.Options.OnIncident must be a clone.
+func (inc *Incident) Clone() *Incident {
+	c := *inc
+	c.owner = nil
+	c.Race, c.StallMs, c.Retry = clonePtr(inc.Race), clonePtr(inc.StallMs), clonePtr(inc.Retry)
+	c.Sibling, c.Winner, c.Upstream = clonePtr(inc.Sibling), clonePtr(inc.Winner), clonePtr(inc.Upstream)
+	if s := inc.StaleNAT; s != nil {
+		n := *s
+		n.LastAnswerMs, n.Backends = clonePtr(s.LastAnswerMs), slices.Clone(s.Backends)
+		c.StaleNAT = &n
+	}
+	c.Lost = slices.Clone(inc.Lost)
+	for i := range c.Lost {
+		c.Lost[i].AnsweredMs = clonePtr(c.Lost[i].AnsweredMs)
+	}
+	c.Downstream = slices.Clone(inc.Downstream)
+	return &c
+}
+
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
 }
 
 // StaleNAT is a conntrack entry that outlived its NAT target: made by an

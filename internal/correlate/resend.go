@@ -72,6 +72,6 @@ func (c *Correlator) refusedAtSend(q, resend *query, p Packet) {
 	}
 	// A forwarder that gave up after the error may have left its client
 	// waiting: the client's stall names this loss, and this lists it.
-	c.remember(pastStall{key: q.nk, firstNs: q.sentNs, endNs: q.sentNs, inc: inc, up: upstreamOf(q, inc)})
+	c.remember(pastStall{key: q.nk, firstNs: q.sentNs, endNs: q.sentNs, id: inc.ID, up: upstreamOf(q, inc)})
 	c.lingerIncident(inc, q, q.sentNs, q.sentNs)
 }

@@ -12,11 +12,12 @@ import "github.com/dnsrace/dnsrace/internal/event"
 
 // stall is one lookup's stall while it is in progress: its lost queries. Its
 // incident, room for the usual one lost query, and what the incident's
-// pointers point to when it closes (its stall, retry and sibling) are part
-// of it: a flood of drops opens and closes tens of thousands of stalls a
-// second, each then one allocation (the incident, which outlives the
-// stall), not six. What only a stall that sees a retry needs is in
-// *retries, taken from the Correlator's free list then.
+// pointers point to when it closes (its stall, retry, sibling and
+// upstream) are part of it: a flood of drops opens and closes tens of
+// thousands of stalls a second, each then one allocation at most, not
+// six, and none once the incident written is given back (Recycle): the
+// stall then holds a later one. What only a stall that sees a retry needs
+// is in *retries, taken from the Correlator's free list then.
 type stall struct {
 	inc     *Incident // &incident
 	key     nameKey
@@ -49,6 +50,7 @@ type stall struct {
 	stallMs  float64
 	retryOf  Retry
 	sibling  Sibling
+	upstream Upstream
 }
 
 // stallSet is the stalls in progress: each knows its place in the slice,
@@ -73,6 +75,23 @@ func (set *stallSet) remove(o *stall) {
 
 func (set *stallSet) has(o *stall) bool {
 	return o.openAt < len(set.s) && set.s[o.openAt] == o
+}
+
+// stallRef is a stall as the lists that let closed stalls leave lazily
+// hold it (stallLog, waiting). Once a closed stall's incident is given
+// back (Recycle) its memory may be a later stall: the incident's ID, set
+// as a stall opens, tells the two apart.
+type stallRef struct {
+	o  *stall
+	id uint64
+}
+
+func refOf(o *stall) stallRef { return stallRef{o, o.incident.ID} }
+
+// inProgress: r is still the stall it was taken for, and that stall is in
+// progress.
+func (c *Correlator) inProgress(r stallRef) bool {
+	return r.o.incident.ID == r.id && c.stalls.has(r.o)
 }
 
 func (set *stallSet) len() int { return len(set.s) }
@@ -183,7 +202,7 @@ func (c *Correlator) retry(q *query) {
 		q.held = true
 		if !o.waiting {
 			o.waiting = true
-			c.waiting = append(c.waiting, o)
+			c.waiting = append(c.waiting, refOf(o))
 		}
 	case q.sentNs < o.retry.sentNs+gap:
 		if c.resends(o, q) {
@@ -305,9 +324,12 @@ func (c *Correlator) lastAttempt(o *stall) uint64 {
 func (c *Correlator) endAttempts(now uint64) {
 	gap := uint64(c.cfg.MinRetryGap)
 	n := 0
-	for _, o := range c.waiting {
+	for _, r := range c.waiting {
+		o := r.o
 		switch {
-		case o.retry == nil || !c.stalls.has(o):
+		case !c.inProgress(r):
+			continue // closed; maybe reused since
+		case o.retry == nil:
 			o.waiting = false
 			continue
 		case (now >= o.retry.sentNs+gap || o.resentAll()) && o.attemptOver():
@@ -315,7 +337,7 @@ func (c *Correlator) endAttempts(now uint64) {
 			c.closeStall(o, o.retry.sentNs, true)
 			continue
 		}
-		c.waiting[n] = o
+		c.waiting[n] = r
 		n++
 	}
 	clear(c.waiting[n:])
@@ -379,13 +401,13 @@ func (c *Correlator) markLost(q *query, p Packet) {
 	}
 	if o == nil {
 		c.capStalls(q.sentNs)
-		o = &stall{key: q.nk, firstNs: q.sentNs, attemptNs: q.sentNs}
-		o.inc, o.queries = &o.incident, o.query1[:0]
+		o = c.newStall()
+		o.key, o.firstNs, o.attemptNs = q.nk, q.sentNs, q.sentNs
 		if o.sib = c.siblingQuery(q); o.sib != nil {
 			o.sib.held = true
 		}
 		c.fillIncident(o.inc, q, p.Cause, p.Race)
-		o.inc.Lost = o.lost1[:0]
+		o.inc.Lost, o.inc.owner = o.lost1[:0], o
 		// Its lookup had a query answered late: the stall has it.
 		if late := c.unlinger(c.lateOf(q)); late != nil {
 			o.inc.Lost = append(o.inc.Lost, late.Lost...)
@@ -403,7 +425,7 @@ func (c *Correlator) markLost(q *query, p Packet) {
 			o.askKey = askKey(q.name, q.qtype, q.asked)
 			c.stallsAsking.add(o.askKey, clientOf(q))
 		}
-		c.stallLog.push(o)
+		c.stallLog.push(refOf(o))
 	}
 	q.held = true
 	o.queries = append(o.queries, q)
@@ -422,12 +444,50 @@ func (c *Correlator) markLost(q *query, p Packet) {
 // oldest is reported now, as not retried, and counted.
 func (c *Correlator) capStalls(now uint64) {
 	for c.stalls.len() >= c.cfg.MaxStalls && c.stallLog.len() > 0 {
-		if o := c.stallLog.pop(); c.stalls.has(o) {
-			c.finish(o, now)
+		if r := c.stallLog.pop(); c.inProgress(r) {
+			c.finish(r.o, now)
 			c.early++
 		}
 	}
 }
+
+// newStall is a zero stall whose incident is its own: a recycled one
+// when an incident was given back, else a new one.
+func (c *Correlator) newStall() *stall {
+	var o *stall
+	if n := len(c.freeStalls); n > 0 {
+		o = c.freeStalls[n-1]
+		c.freeStalls = c.freeStalls[:n-1]
+		*o = stall{}
+	} else {
+		o = &stall{}
+	}
+	o.inc, o.queries = &o.incident, o.query1[:0]
+	return o
+}
+
+// Recycle gives back inc, an incident OnIncident had, once nothing reads
+// it any more (the caller's writer wrote it, and keeps no pointer into
+// it or anything it points to): the stall it was part of then holds a
+// later stall, so a flood of drops allocates no stall per lookup. It must
+// run where the Correlator's other methods do (the reader), after
+// OnIncident returned, once per incident. Incidents not given back are
+// the garbage collector's.
+func (c *Correlator) Recycle(inc *Incident) {
+	o := inc.owner
+	if o == nil || o.inc != inc {
+		return // not a stall's (a rescued race, a late answer)
+	}
+	inc.owner = nil
+	if len(c.freeStalls) < maxFreeStalls {
+		c.freeStalls = append(c.freeStalls, o)
+	}
+}
+
+// maxFreeStalls bounds the stalls kept for reuse (under 1 KB each): a
+// tick's incidents come back together, a flood's thousands, and past this
+// many the rest are let go.
+const maxFreeStalls = 16384
 
 func (c *Correlator) newIncident(q *query, cause, race string) *Incident {
 	inc := &Incident{}
