@@ -176,3 +176,55 @@ func BenchmarkIncidentJSON(b *testing.B) {
 		}
 	})
 }
+
+// TestCloneSharesNothing: a clone reads the same, and stays so when
+// everything the original points to is overwritten (as a reused stall
+// overwrites its incident's).
+func TestCloneSharesNothing(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 2000 {
+		inc := randIncident(r)
+		inc.Upstream = &Upstream{NetNS: r.Uint32(), SentMs: randFloat(r)}
+		inc.StaleNAT = &StaleNAT{NetNS: r.Uint32(), Backends: []netip.AddrPort{randAddrPort(r)}, LastAnswerMs: new(float64)}
+		inc.Downstream = []Asker{{Incident: r.Uint64()}}
+		if len(inc.Lost) > 0 {
+			inc.Lost[0].AnsweredMs = new(float64)
+		}
+		want := inc.AppendJSON(nil)
+		c := inc.Clone()
+		other := randIncident(r)
+		for _, p := range []*string{inc.Race} {
+			if p != nil {
+				*p = "overwritten"
+			}
+		}
+		for _, p := range []*float64{inc.StallMs, inc.StaleNAT.LastAnswerMs} {
+			if p != nil {
+				*p = -1
+			}
+		}
+		if inc.Retry != nil {
+			*inc.Retry = Retry{}
+		}
+		if inc.Sibling != nil {
+			*inc.Sibling = Sibling{}
+		}
+		if inc.Winner != nil {
+			*inc.Winner = Flow{}
+		}
+		*inc.Upstream = Upstream{}
+		inc.StaleNAT.Backends[0] = netip.AddrPort{}
+		*inc.StaleNAT = StaleNAT{}
+		inc.Downstream[0] = Asker{}
+		for j := range inc.Lost {
+			if p := inc.Lost[j].AnsweredMs; p != nil {
+				*p = -1
+			}
+			inc.Lost[j] = Packet{}
+		}
+		*inc = *other
+		if got := c.AppendJSON(nil); !bytes.Equal(got, want) {
+			t.Fatalf("case %d: the clone changed with its original:\n got %s\nwant %s", i, got, want)
+		}
+	}
+}
