@@ -187,10 +187,11 @@ func traceScenarioUntil(t *testing.T, name string, untilStall bool) *traced {
 					defer mu.Unlock()
 					// Other namespaces on the machine may have DNS
 					// traffic too: keep the lab's pods' only.
+					// The session reuses inc once this returns.
 					if _, ours := tr.pods[inc.NetNS]; ours {
-						tr.incidents = append(tr.incidents, inc)
+						tr.incidents = append(tr.incidents, inc.Clone())
 					} else if name, ok := ns[inc.NetNS]; ok {
-						tr.others[name] = append(tr.others[name], inc)
+						tr.others[name] = append(tr.others[name], inc.Clone())
 					}
 				},
 			})

@@ -117,7 +117,7 @@ func TestTraceKubernetes(t *testing.T) {
 					mu.Lock()
 					defer mu.Unlock()
 					if _, ours := podOfNS[inc.NetNS]; ours {
-						incidents = append(incidents, inc)
+						incidents = append(incidents, inc.Clone()) // inc is reused once this returns
 					}
 				},
 			})

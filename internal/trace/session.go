@@ -36,7 +36,8 @@ type Options struct {
 	ReadyFile string
 	// OnIncident is called for every incident, after it is formatted for
 	// Out (it reaches Out at the next tick), on the session's writer
-	// goroutine: one at a time, in order.
+	// goroutine: one at a time, in order. The incident is the session's
+	// again once it returns (its memory holds a later stall): keep a Clone.
 	OnIncident func(*correlate.Incident)
 	// Correlate tunes the correlator (OnIncident, Counters, ReasonName,
 	// Symbol and Wall are set by the session).
@@ -120,8 +121,12 @@ type Session struct {
 	text  *TextWriter
 	buf   *bufio.Writer // under jsonl or text; flushed at each tick
 	outq  chan outBatch
-	cpq   chan func() // checkpoints, written between two ticks' output
-	wdone chan struct{}
+	// written: each tick's incidents the writer is done with, back to the
+	// reader, which gives them to the correlator to reuse (Recycle) and
+	// gathers the next tick's in the slice
+	written chan []*correlate.Incident
+	cpq     chan func() // checkpoints, written between two ticks' output
+	wdone   chan struct{}
 
 	snap   atomic.Pointer[snapshot]
 	done   chan struct{}
@@ -182,7 +187,7 @@ func Start(opts Options) (*Session, error) {
 	}
 	s := &Session{opts: opts, tracer: t, ctNS: map[uint32]bool{}, counts: map[string]int{}, refused: map[string]int{},
 		done: make(chan struct{}),
-		outq: make(chan outBatch, outQueue), cpq: make(chan func()), wdone: make(chan struct{}),
+		outq: make(chan outBatch, outQueue), written: make(chan []*correlate.Incident, outQueue), cpq: make(chan func()), wdone: make(chan struct{}),
 		scans: make(chan map[uint32]string, 1)}
 	s.syms, _ = ksym.Load("")
 	s.ns = newNamespaces(opts.ProcRoot)
@@ -294,6 +299,7 @@ func (s *Session) handle(e *event.Event) {
 
 // tick runs on the reader.
 func (s *Session) tick(now uint64) {
+	s.takeWritten()
 	s.corr.Tick(now)
 	s.takeScan()
 	s.nextTick = now + uint64(tickEvery)
@@ -313,9 +319,30 @@ func (s *Session) handOver(now uint64, release bool) {
 	s.outq <- b
 }
 
+// takeWritten gives the correlator back the incidents the writer is done
+// with: a flood of drops then reuses their stalls instead of allocating one
+// per lookup.
+func (s *Session) takeWritten() {
+	for {
+		select {
+		case done := <-s.written:
+			for _, inc := range done {
+				s.corr.Recycle(inc)
+			}
+			if s.closing == nil {
+				clear(done)
+				s.closing = done[:0]
+			}
+		default:
+			return
+		}
+	}
+}
+
 // write is the writer: it writes each tick's incidents, flushes, and
 // then publishes that tick's snapshot. Checkpoints come in between, when
-// the buffer is empty.
+// the buffer is empty. Then it hands back the incidents it no longer
+// reads (the text writer holds some to write them in order).
 func (s *Session) write() {
 	defer close(s.wdone)
 	for {
@@ -332,6 +359,16 @@ func (s *Session) write() {
 			}
 			_ = s.buf.Flush()
 			s.snap.Store(b.snap)
+			done := b.incidents
+			if s.text != nil {
+				done = s.text.TakeDone(done[:0])
+			}
+			if len(done) > 0 {
+				select {
+				case s.written <- done:
+				default: // the reader is behind: they are the GC's
+				}
+			}
 		case cp := <-s.cpq:
 			cp()
 		}

@@ -33,6 +33,8 @@ type TextWriter struct {
 	// pod or namespace
 	sums      map[sumKey]*sumCount
 	lastFlush time.Time
+	// done: incidents written or summed up since the last TakeDone
+	done []*correlate.Incident
 }
 
 // What is summed up, not listed: races the kernel rescued, and sends
@@ -66,9 +68,11 @@ func (t *TextWriter) Incident(inc *correlate.Incident) {
 			race = *inc.Race
 		}
 		t.sum(sumRescued, inc, race)
+		t.done = append(t.done, inc)
 		return
 	case inc.RefusedAtSend:
 		t.sum(sumRefused, inc, inc.Cause)
+		t.done = append(t.done, inc)
 		return
 	}
 	t.held = append(t.held, inc)
@@ -98,6 +102,7 @@ func (t *TextWriter) Release(oldestOpen, now time.Time) {
 	for _, inc := range t.held {
 		if oldestOpen.IsZero() || inc.Time.Before(oldestOpen) {
 			io.WriteString(t.w, FormatIncident(inc))
+			t.done = append(t.done, inc)
 			continue
 		}
 		t.held[n] = inc
@@ -111,6 +116,15 @@ func (t *TextWriter) Release(oldestOpen, now time.Time) {
 	if now.Sub(t.lastFlush) >= rescuedEvery {
 		t.flushSums(now)
 	}
+}
+
+// TakeDone appends to dst the incidents written or summed up since its
+// last call, which it no longer reads, and forgets them.
+func (t *TextWriter) TakeDone(dst []*correlate.Incident) []*correlate.Incident {
+	dst = append(dst, t.done...)
+	clear(t.done)
+	t.done = t.done[:0]
+	return dst
 }
 
 // Close writes everything held.

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -330,5 +331,42 @@ func TestTextOneHeadlinePerLookup(t *testing.T) {
 	}
 	if n := strings.Count(text, "    lost     "); n != 5 {
 		t.Errorf("%d lost packets shown, want 5 (podA's three, podB's and podC's one each)", n)
+	}
+}
+
+// TestTextTakeDone: the text writer hands back an incident (for reuse) only
+// once it no longer reads it: a stall once written, a rescued race once
+// summed up; a stall held for order is not handed back.
+func TestTextTakeDone(t *testing.T) {
+	var out bytes.Buffer
+	w := NewTextWriter(&out, false)
+	t0 := time.Unix(1764666698, 0).UTC()
+	early := &correlate.Incident{Type: "incident", ID: 1, Time: t0, Cause: correlate.CauseInsertRace}
+	late := &correlate.Incident{Type: "incident", ID: 2, Time: t0.Add(2 * time.Second), Cause: correlate.CauseInsertRace}
+	rescued := &correlate.Incident{Type: "incident", ID: 3, Time: t0, Cause: correlate.CauseClashResolved}
+	for _, inc := range []*correlate.Incident{late, early, rescued} {
+		w.Incident(inc)
+	}
+	ids := func(incs []*correlate.Incident) (s []uint64) {
+		for _, inc := range incs {
+			s = append(s, inc.ID)
+		}
+		return s
+	}
+	// A stall that started between the two is still open: only the
+	// early one is written.
+	w.Release(t0.Add(time.Second), t0.Add(3*time.Second))
+	if got := ids(w.TakeDone(nil)); !slices.Equal(got, []uint64{3, 1}) {
+		t.Errorf("after the first release: %v, want [3 1] (the rescued race summed, the early stall written)", got)
+	}
+	if got := w.TakeDone(nil); len(got) != 0 {
+		t.Errorf("taken twice: %v", ids(got))
+	}
+	w.Release(time.Time{}, t0.Add(4*time.Second))
+	if got := ids(w.TakeDone(nil)); !slices.Equal(got, []uint64{2}) {
+		t.Errorf("after the last release: %v, want [2]", got)
+	}
+	if n := strings.Count(out.String(), "insert_race"); n < 2 {
+		t.Errorf("%d stalls written, want 2:\n%s", n, out.String())
 	}
 }
