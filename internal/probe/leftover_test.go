@@ -23,10 +23,13 @@ import (
 // where the asking namespace's own conntrack tracks the query without NAT
 // (its answer comes back by the flow's key reversed; entries made for it
 // would never be deleted) and where it DNATs the query (the answer comes
-// back by the entry's reply tuple).
+// back by the entry's reply tuple). One tracer reads both cases, each in
+// namespaces of its own.
 func TestAnsweredLeavesNoEntries(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
+	tr := openTier(t, Options{Attach: testTier(t)})
+	c := collect(t, tr)
 	for _, tc := range []struct {
 		name  string
 		dnat  bool
@@ -45,8 +48,6 @@ func TestAnsweredLeavesNoEntries(t *testing.T) {
 			}
 			nftRules(t, n.client, nftables.TableFamilyIPv4, tc.ctype, nftables.ChainHookOutput, tc.prio, rule...)
 			n.serveDNS(t, serverAddr, dns.RcodeSuccess, 1)
-			tr := openTier(t, Options{Attach: testTier(t)})
-			c := collect(t, tr)
 			conn := n.dial(t, "udp4", to, 53) // one entry, five queries
 			for i := range 5 {
 				qname := uniqueName(t)

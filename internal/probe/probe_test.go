@@ -78,10 +78,14 @@ func wantTier(tr *Tracer, tier event.Tier) event.Tier {
 // with the same query id, and nothing else (IPv4 and IPv6; from a
 // connected socket, and from an unconnected one with no source address, as
 // musl sends: the send hooks see none, so the answer's lookup must try the
-// key without it).
+// key without it). One tracer reads all four: an Open is seconds of
+// verifier time under emulation, and the namespaces keep the cases apart.
 func TestQueryAnswered(t *testing.T) {
 	testutil.RequireRoot(t)
 	requireBTF(t)
+	tier := testTier(t)
+	tr := openTier(t, Options{Attach: tier})
+	c := collect(t, tr)
 	for _, tc := range []struct {
 		name        string
 		v6, connect bool
@@ -94,9 +98,6 @@ func TestQueryAnswered(t *testing.T) {
 				server, network = serverAddr6, "udp6"
 			}
 			n.serveDNS(t, server, dns.RcodeNameError, 1)
-			tier := testTier(t)
-			tr := openTier(t, Options{Attach: tier})
-			c := collect(t, tr)
 			qname := uniqueName(t)
 			var conn *net.UDPConn
 			var to *net.UDPAddr // unconnected: the destination of each send
@@ -629,6 +630,7 @@ func TestReadAllocs(t *testing.T) {
 
 // TestKernelBTFOption loads with an explicit BTF file, as --kernel-btf does.
 func TestKernelBTFOption(t *testing.T) {
+	tierIndependent(t)
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	tr := open(t, Options{Attach: event.TierTracepoint, KernelBTF: "/sys/kernel/btf/vmlinux"})
@@ -752,6 +754,7 @@ func forcedTierQuery(t *testing.T, tr *Tracer) {
 // TierError naming the hook where it cannot. Which one applies is asked of
 // the kernel directly (a trivial program attached), not of the loader.
 func TestForcedTierRefused(t *testing.T) {
+	tierIndependent(t)
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	kprobe := testutil.KprobeLimit()
@@ -830,6 +833,7 @@ func TestKprobeMulti(t *testing.T) {
 // load on every kernel with kprobe support compiled into BPF even where
 // they cannot attach (as on the CI host).
 func TestKprobeProgramsLoad(t *testing.T) {
+	tierIndependent(t)
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	l, err := newLoader(Options{})
@@ -859,6 +863,7 @@ func TestKprobeProgramsLoad(t *testing.T) {
 }
 
 func TestTracepointVariants(t *testing.T) {
+	tierIndependent(t)
 	requireBTF(t)
 	k, err := kernelSpec("", sharedBTF)
 	if err != nil {
@@ -888,6 +893,7 @@ func mustSpec(t *testing.T) *ebpf.CollectionSpec {
 }
 
 func TestCloseIdempotent(t *testing.T) {
+	tierIndependent(t)
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	tr, err := Open(Options{Attach: event.TierTracepoint, RingBufferSize: 1 << 16})
@@ -910,6 +916,7 @@ func TestCloseIdempotent(t *testing.T) {
 // does: they answer zero or nil after it and never use a released fd (run
 // with -race to check the latter).
 func TestCloseWhileCounting(t *testing.T) {
+	tierIndependent(t)
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	tr, err := Open(Options{Attach: event.TierTracepoint, RingBufferSize: 1 << 16})
@@ -956,6 +963,7 @@ func TestCloseWhileCounting(t *testing.T) {
 }
 
 func TestDropReasonName(t *testing.T) {
+	tierIndependent(t)
 	requireBTF(t)
 	if !kernelHasType(t, "skb_drop_reason") {
 		// Before 5.17 (e.g. 5.10) there is no enum skb_drop_reason: no name
@@ -984,6 +992,7 @@ func TestDropReasonName(t *testing.T) {
 // the confirm and delivery hooks attached; otherwise every function hook is
 // left detached with its reason, and the device tracepoints trace.
 func TestAutoMode(t *testing.T) {
+	tierIndependent(t)
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	tr := open(t, Options{})

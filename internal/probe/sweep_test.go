@@ -39,6 +39,7 @@ func TestEvictOldest(t *testing.T) {
 // rest evicted down to sweepLow of the table, each evicted query reported
 // once in the ring, and nothing else deleted.
 func TestSweepProgram(t *testing.T) {
+	tierIndependent(t)
 	testutil.RequireRoot(t)
 	requireBTF(t)
 	const (

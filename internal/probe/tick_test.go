@@ -33,6 +33,7 @@ func TestSnapRate(t *testing.T) {
 // TestTickRateIsTheKernels measures HZ the way the loader does and checks
 // it against the kernel's build config where one is readable.
 func TestTickRateIsTheKernels(t *testing.T) {
+	tierIndependent(t)
 	testutil.RequireRoot(t)
 	got, err := TickRate()
 	if err != nil {

@@ -2,6 +2,7 @@ package probe
 
 import (
 	"errors"
+	"os"
 	"testing"
 
 	"github.com/cilium/ebpf/btf"
@@ -19,6 +20,18 @@ func isFunctionHook(hook string) bool {
 		}
 	}
 	return false
+}
+
+// tierIndependent skips t in the VM matrix's fentry and kprobe cells: t
+// forces no tier of its own (it opens the tiers it checks, or the automatic
+// choice, or none), so one run per kernel says what three would, and the
+// tracepoint cell of that kernel's guest runs it. Outside the matrix
+// (DNSRACE_TEST_TIER empty) it always runs.
+func tierIndependent(t *testing.T) {
+	t.Helper()
+	if tier := os.Getenv("DNSRACE_TEST_TIER"); tier != "" && tier != "tracepoint" {
+		t.Skipf("forces no tier: the VM matrix runs it in this kernel's tracepoint cell, not the %s cell", tier)
+	}
 }
 
 // openTier opens a Tracer with the tier under test forced (opts.Attach).
