@@ -1,7 +1,13 @@
 package trace
 
 import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
 	"net/netip"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,5 +99,104 @@ func TestTicksRunAtTheRecordsTime(t *testing.T) {
 	if inc.Cause != correlate.CauseInsertRace || inc.Race == nil || *inc.Race != correlate.RaceReplyClash ||
 		inc.Winner == nil || inc.Winner.Src != srcB {
 		t.Errorf("cause %s race %v winner %+v: want an insert_race, reply_clash, won by %s", inc.Cause, inc.Race, inc.Winner, srcB)
+	}
+}
+
+// TestWriterHandsIncidentsBack: a flood of dropped lookups through the
+// session's reader and writer as trace runs them, each tick's written
+// incidents handed back to the reader, whose correlator reuses their
+// stalls for later lookups: every dropped lookup is still written once,
+// whole (a stall reused before its incident was written would show as a
+// lookup twice and another missing). make test-race runs it under the race
+// detector. In JSON and in text (which holds incidents to write them in
+// order).
+func TestWriterHandsIncidentsBack(t *testing.T) {
+	for _, asJSON := range []bool{true, false} {
+		t.Run(map[bool]string{true: "json", false: "text"}[asJSON], func(t *testing.T) {
+			var out bytes.Buffer
+			s := &Session{opts: Options{JSON: asJSON}, counts: map[string]int{}, refused: map[string]int{}, ctNS: map[uint32]bool{},
+				outq: make(chan outBatch, outQueue), written: make(chan []*correlate.Incident, outQueue),
+				cpq: make(chan func()), wdone: make(chan struct{})}
+			s.buf = bufio.NewWriter(&out)
+			if !asJSON {
+				s.text = NewTextWriter(s.buf, false)
+			}
+			s.corr = correlate.New(correlate.Config{
+				// stalls no retry follows close within 200 ms of records
+				ResolverTimeout: 50 * time.Millisecond, QueryTTL: 100 * time.Millisecond, ForwarderGrace: 50 * time.Millisecond,
+				ReasonName: func(uint32) string { return "SOCKET_RCVBUFF" },
+				Symbol:     func(a uint64) (string, uint64, bool) { return "udp_queue_rcv_one_skb", a & 0xfff, true },
+				Wall:       s.wall,
+				OnIncident: s.incident,
+			})
+			go s.write()
+
+			const (
+				pod     = 4026532001
+				lookups = 60000
+				gap     = 20 * uint64(time.Microsecond) // 1.2 s of records, 12 ticks
+			)
+			server := netip.MustParseAddrPort("10.96.0.10:53")
+			dropped := map[string]int{}
+			t0 := uint64(1e12)
+			for n := range uint64(lookups) {
+				at := t0 + n*gap
+				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(n >> 16), byte(n >> 8)}), uint16(1024+n&0xff))
+				q := &event.Event{Kind: event.KindQuery, Flags: event.FlagSender, QID: n + 1, TimeNs: at, NetNS: pod,
+					Packet: event.Tuple{Src: src, Dst: server, Proto: 17}}
+				name := fmt.Sprintf("q%05d.flood.test", n)
+				q.DNS.Valid, q.DNS.ID, q.DNS.QType = true, uint16(n), 1
+				q.DNS.SetQName(name)
+				s.handle(q)
+				if n%3 == 0 {
+					dropped[name] = 0
+					s.handle(&event.Event{Kind: event.KindDrop, QID: n + 1, TimeNs: at + 2000, NetNS: pod, Reason: 6,
+						Location: 0xffffffff81a3c437, Packet: q.Packet})
+				} else {
+					s.handle(&event.Event{Kind: event.KindAnswer, QID: n + 1, TimeNs: at + 40000, Flags: event.FlagResponse})
+				}
+				if n%5000 == 0 {
+					time.Sleep(time.Millisecond) // the writer catches up: its incidents come back
+				}
+			}
+			end := t0 + lookups*gap + uint64(time.Second)
+			s.tick(end)
+			s.corr.Close(end)
+			s.handOver(end, false)
+			close(s.outq)
+			<-s.wdone
+			if s.text != nil {
+				s.text.Close(s.wall(end))
+			}
+			if err := s.buf.Flush(); err != nil {
+				t.Fatal(err)
+			}
+
+			written := 0
+			if asJSON {
+				for line := range strings.SplitSeq(strings.TrimSpace(out.String()), "\n") {
+					var inc struct{ QName string }
+					if err := json.Unmarshal([]byte(line), &inc); err != nil {
+						t.Fatalf("line %q: %v", line, err)
+					}
+					if _, ok := dropped[inc.QName]; !ok {
+						t.Fatalf("an incident for %q, which was not dropped", inc.QName)
+					}
+					dropped[inc.QName]++
+					written++
+				}
+			} else {
+				for _, m := range regexp.MustCompile(` (q[0-9]{5}\.flood\.test) `).FindAllStringSubmatch(out.String(), -1) {
+					dropped[m[1]]++ // the headline's question
+					written++
+				}
+			}
+			for name, k := range dropped {
+				if k != 1 {
+					t.Fatalf("%s written %d times, want once (%d incidents for %d dropped lookups)", name, k, written, len(dropped))
+				}
+			}
+			t.Logf("%d dropped lookups, each written once", len(dropped))
+		})
 	}
 }
