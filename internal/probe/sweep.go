@@ -61,6 +61,9 @@ type sweeper struct {
 	tables []sweepTable
 
 	swept, evicted atomic.Uint64
+	// runs counts the periodic sweeps done: tests wait in sweeps, which
+	// take seconds under emulation, not in seconds
+	runs atomic.Uint64
 
 	// The queries whose flows were evicted, until Read reports them.
 	mu      sync.Mutex
@@ -129,6 +132,7 @@ func (s *sweeper) run(ctx context.Context) {
 			// tried again at the next period.
 			full = 0
 		}
+		s.runs.Add(1)
 		wait = sweepEvery
 		if full > sweepLow {
 			wait = sweepBusy
