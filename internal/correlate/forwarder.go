@@ -515,10 +515,5 @@ func (c *Correlator) lingeringByID(id uint64) *Incident {
 
 // isLingering: inc waits to be emitted.
 func (c *Correlator) isLingering(inc *Incident) bool {
-	for _, l := range c.waitingOut {
-		if l.inc == inc {
-			return true
-		}
-	}
-	return false
+	return c.lingeringByID(inc.ID) == inc
 }

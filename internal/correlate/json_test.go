@@ -193,10 +193,8 @@ func TestCloneSharesNothing(t *testing.T) {
 		want := inc.AppendJSON(nil)
 		c := inc.Clone()
 		other := randIncident(r)
-		for _, p := range []*string{inc.Race} {
-			if p != nil {
-				*p = "overwritten"
-			}
+		if inc.Race != nil {
+			*inc.Race = "overwritten"
 		}
 		for _, p := range []*float64{inc.StallMs, inc.StaleNAT.LastAnswerMs} {
 			if p != nil {

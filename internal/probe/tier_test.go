@@ -2,7 +2,6 @@ package probe
 
 import (
 	"errors"
-	"os"
 	"testing"
 
 	"github.com/cilium/ebpf/btf"
@@ -29,7 +28,7 @@ func isFunctionHook(hook string) bool {
 // (DNSRACE_TEST_TIER empty) it always runs.
 func tierIndependent(t *testing.T) {
 	t.Helper()
-	if tier := os.Getenv("DNSRACE_TEST_TIER"); tier != "" && tier != "tracepoint" {
+	if tier := testTier(t); tier != event.TierTracepoint {
 		t.Skipf("forces no tier: the VM matrix runs it in this kernel's tracepoint cell, not the %s cell", tier)
 	}
 }
