@@ -62,8 +62,15 @@ func (c *Correlator) answerDropped(e *event.Event) {
 	var reason, loc string
 	ev.reason, reason = c.reason(e.Reason)
 	ev.symbol, loc = c.location(e.Location)
+	rule := decide(ev)
+	if rule.delivered {
+		if q.state == statePending {
+			c.answer(q, e.TimeNs)
+		}
+		return
+	}
 	x := q.extraForWrite()
-	x.replyCause, x.replyReason, x.replyLoc, x.replyNS = decide(ev).cause, reason, loc, e.NetNS
+	x.replyCause, x.replyReason, x.replyLoc, x.replyNS = rule.cause, reason, loc, e.NetNS
 }
 
 // rcvbufFull: an answer hit a full receive buffer: its query's, or (before

@@ -350,6 +350,17 @@ func (c *Correlator) attributed(ns uint32) *Attributed {
 	return a
 }
 
+// answer: pending query q was answered at now.
+func (c *Correlator) answer(q *query, now uint64) {
+	c.ix.setState(q, stateAnswered)
+	c.ix.unpend(q)
+	c.answered++
+	c.noteAnswer(q, now)
+	if now >= q.sentNs+uint64(c.cfg.LateAnswer) {
+		c.lateAnswer(q, now)
+	}
+}
+
 // Handle processes one record. It keeps nothing that e points to.
 func (c *Correlator) Handle(e *event.Event) {
 	if e.TimeNs > c.lastNs {
@@ -362,13 +373,7 @@ func (c *Correlator) Handle(e *event.Event) {
 		}
 	case event.KindAnswer:
 		if q := c.ix.lookup(e.QID); q != nil && q.state == statePending {
-			c.ix.setState(q, stateAnswered)
-			c.ix.unpend(q)
-			c.answered++
-			c.noteAnswer(q, e.TimeNs)
-			if e.TimeNs >= q.sentNs+uint64(c.cfg.LateAnswer) {
-				c.lateAnswer(q, e.TimeNs)
-			}
+			c.answer(q, e.TimeNs)
 		}
 	case event.KindDrop:
 		if e.Response() {

@@ -28,6 +28,9 @@ const (
 	ms              = uint64(time.Millisecond)
 
 	loc510Netfilter, loc510NoSocket = 10, 11
+	// locSocketClose: where 6.12 frees what a closing UDP socket still
+	// holds (NOT_SPECIFIED).
+	locSocketClose = 12
 )
 
 var (
@@ -73,7 +76,8 @@ func newHarnessWith(t *testing.T, counters fakeCounters, set func(*Config)) *har
 				// Where Debian 11's 5.10.0-32-cloud-amd64 freed the lab's
 				// lost packets (make vmtest: insert_race, table_full and
 				// rule_drop; reply_unmatched).
-				loc510Netfilter: {"nf_hook_slow", 0x93}, loc510NoSocket: {"__udp4_lib_rcv", 0x992}}[a]
+				loc510Netfilter: {"nf_hook_slow", 0x93}, loc510NoSocket: {"__udp4_lib_rcv", 0x992},
+				locSocketClose: {"udp_destruct_common", 0xbd}}[a]
 			return s.name, s.off, ok
 		},
 		OnIncident: func(inc *Incident) { h.incidents = append(h.incidents, inc) },
@@ -393,6 +397,42 @@ func TestAnswerDrops(t *testing.T) {
 			inc := h.only(c.cause)
 			if inc.Lost[0].NetNS != node || !inc.Retried {
 				t.Errorf("incident %+v", inc)
+			}
+		})
+	}
+}
+
+// An answer freed at its socket's close had reached its asker, who no
+// longer read: it is no loss. In time, it is an answer like any other; at
+// the asker's timeout, a late one.
+func TestAnswerFreedAtClose(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		at      uint64
+		late    bool
+		retried bool
+	}{
+		{"read never, in time", ms, false, false},
+		{"at the asker's timeout", 5 * sec, true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			a := h.query(0, podA, srcA, 1, dns.TypeA)
+			h.handle(&event.Event{Kind: event.KindDrop, QID: a, TimeNs: c.at, NetNS: podA, Location: locSocketClose, Flags: event.FlagResponse})
+			if c.retried {
+				h.retried(c.at+ms, podA, srcA, 1, dns.TypeA)
+			}
+			h.c.Tick(c.at + 10*sec)
+			h.c.Close(c.at + 11*sec)
+			if !c.late {
+				if len(h.incidents) != 0 {
+					t.Errorf("%d incidents (first %s), want none", len(h.incidents), h.incidents[0].Cause)
+				}
+				return
+			}
+			inc := h.only(CauseLateAnswer)
+			if len(inc.Lost) != 1 || inc.Lost[0].AnsweredMs == nil || *inc.Lost[0].AnsweredMs != 5000 {
+				t.Errorf("lost %+v, want the query answered at 5000 ms", inc.Lost)
 			}
 		})
 	}

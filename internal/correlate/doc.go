@@ -60,6 +60,10 @@
 //	  a conntrack entry that was NATed and answered before it
 //	  (an earlier query of its socket made it)
 //	any other query dropped                                    local_drop       -
+//	answer freed at its socket's close (SOCKET_CLOSE; without  -                -
+//	  a reason, freed by udp_destruct_common or
+//	  udp_destruct_sock): it reached the asker, who had
+//	  stopped reading; an answer at that time
 //	answer dropped for NO_SOCKET, SOCKET_FILTER,               reply_unmatched  -
 //	  NETFILTER_DROP or IP_NOPROTO; without a reason, freed
 //	  by __udp4_lib_rcv, __udp6_lib_rcv or nf_hook_slow

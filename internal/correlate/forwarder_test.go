@@ -253,3 +253,37 @@ func TestAwaitedLooksOnlyWhereAsked(t *testing.T) {
 	}
 	h.c.Close(36 * sec)
 }
+
+// Go's resolver in a pod behind the cache: the cache's upstream A is
+// lost and its resend answered just as the pod's resolver gives up, so
+// the cache's answer lands in the pod's socket as it closes and is freed
+// there (NOT_SPECIFIED, udp_destruct_common: TestTraceCacheRace on 6.12
+// under load). The pod's stall is still the cache's lost query.
+func TestAnswerFreedAtCloseBehindForwarder(t *testing.T) {
+	h := newForwarderHarness(t)
+	sockA := netip.AddrPortFrom(srcA.Addr(), 40001)
+	sockAAAA := netip.AddrPortFrom(srcA.Addr(), 40002)
+	h.answer(ms, h.send(0, podA, podPID, sockAAAA, cacheAddr, 2001, dns.TypeAAAA))
+	qa := h.send(300*uint64(time.Microsecond), podA, podPID, sockA, cacheAddr, 2000, dns.TypeA)
+	up := h.send(ms, fwdNS, fwdPID, fwdSrc, vip, 100, dns.TypeA)
+	h.handle(drop(2*ms, up, reasonOtherhost, 3, event.CT{}))
+	h.ticks(100*ms, 5*sec-100*ms)
+	h.answer(5*sec-ms/2, h.send(5*sec-ms, fwdNS, fwdPID, fwdSrc, vip, 100, dns.TypeA))
+	h.handle(&event.Event{Kind: event.KindDrop, QID: qa, TimeNs: 5*sec + ms, NetNS: podA, Location: locSocketClose, Flags: event.FlagResponse})
+	// the retry, on a new socket with a new id, answered from the cache
+	h.answer(5*sec+3*ms, h.send(5*sec+2*ms, podA, podPID, netip.AddrPortFrom(srcA.Addr(), 40003), cacheAddr, 2002, dns.TypeA))
+	h.ticks(5*sec+100*ms, 7*sec)
+	h.c.Close(8 * sec)
+	var pod []*Incident
+	for _, inc := range h.incidents {
+		if inc.NetNS == podA {
+			pod = append(pod, inc)
+		}
+	}
+	if len(pod) != 1 {
+		t.Fatalf("%d incidents of the pod, want 1", len(pod))
+	}
+	if inc := pod[0]; inc.Cause != CauseUpstreamLost || inc.Upstream == nil {
+		t.Errorf("pod incident: cause %s, upstream %+v; want upstream_lost naming the cache's query", inc.Cause, inc.Upstream)
+	}
+}

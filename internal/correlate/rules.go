@@ -118,6 +118,9 @@ type rule struct {
 	shownReason string
 	// raced: the cause is a conntrack race, whose kind raceRules name.
 	raced bool
+	// delivered: no loss. The answer reached its asker, which stopped
+	// reading before it came: it is an answer, timed at its free.
+	delivered bool
 	// The kernel counters the cause explains, one packet each.
 	insertFailed, drop, clashResolve bool
 }
@@ -199,6 +202,17 @@ var rules = []rule{
 		why:   "any other query dropped",
 		seen:  seenQueryDrop,
 		cause: CauseLocalDrop,
+	},
+	{
+		// the asker gave up (its timeout) and closed its socket with the
+		// answer in it, come meanwhile: answered, not lost, and late by
+		// at most the free's time
+		why: "answer freed at its socket's close (SOCKET_CLOSE; without a reason, freed by udp_destruct_common " +
+			"or udp_destruct_sock): it reached the asker, who had stopped reading; an answer at that time",
+		seen:      seenAnswerDrop,
+		reasons:   []string{"SOCKET_CLOSE"},
+		symbols:   []string{"udp_destruct_common", "udp_destruct_sock"},
+		delivered: true,
 	},
 	{
 		// not reverse-NATed: nothing listens on the tuple it carries
