@@ -124,11 +124,7 @@ func (t *tracerProc) stop() (*TraceSummary, int, error) {
 			_ = t.cmd.Process.Kill()
 			<-t.exited
 		}
-		tail := t.errb.Bytes()
-		if len(tail) > 4000 {
-			tail = tail[:4000]
-		}
-		return nil, 0, fmt.Errorf("tracer did not stop within 60s of SIGTERM; its stacks:\n%s", tail)
+		return nil, 0, fmt.Errorf("tracer did not stop within 60s of SIGTERM; its stacks:\n%s", hungStacks(t.errb.Bytes(), 6000))
 	}
 	var sum *TraceSummary
 	incidents := 0
