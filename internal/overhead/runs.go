@@ -76,11 +76,15 @@ func (h *harness) count(ctx context.Context, cases []Case) ([]*Runs, error) {
 		out[i] = r
 		h.logf("  %-13s count    %8.2f runs, %6.0f ns per %s over %.0f", c.Name, r.PerUnit, r.NsPerUnit, r.Unit, r.Units)
 	}
-	sum, _, err := tp.stop()
+	stopAt := time.Now()
+	sum, incidents, err := tp.stop()
 	tp = nil
 	if err != nil {
 		return nil, err
 	}
+	// A stop writes what is still open: a flood's lost queries, each an
+	// incident.
+	h.logf("  tracer stopped in %.1f s, %d incidents written", time.Since(stopAt).Seconds(), incidents)
 	for _, r := range out {
 		r.RecordsLost = sum.EventsLost
 		r.Invalid = sum.EventsLost > 0
