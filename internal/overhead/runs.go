@@ -78,13 +78,14 @@ func (h *harness) count(ctx context.Context, cases []Case) ([]*Runs, error) {
 	}
 	stopAt := time.Now()
 	sum, incidents, err := tp.stop()
+	causes := tp.causes
 	tp = nil
 	if err != nil {
 		return nil, err
 	}
 	// A stop writes what is still open: a flood's lost queries, each an
 	// incident.
-	h.logf("  tracer stopped in %.1f s, %d incidents written", time.Since(stopAt).Seconds(), incidents)
+	h.logf("  tracer stopped in %.1f s, %d incidents written %v", time.Since(stopAt).Seconds(), incidents, causes)
 	for _, r := range out {
 		r.RecordsLost = sum.EventsLost
 		r.Invalid = sum.EventsLost > 0

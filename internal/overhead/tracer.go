@@ -58,6 +58,8 @@ type tracerProc struct {
 	errb   bytes.Buffer
 	dir    string
 	exited chan error
+	// causes: the incidents stop read, by cause.
+	causes map[string]int
 }
 
 // startTracer runs exe's trace subcommand and waits until every probe is
@@ -137,7 +139,8 @@ func (t *tracerProc) stop() (*TraceSummary, int, error) {
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
 	for sc.Scan() {
 		var head struct {
-			Type string `json:"type"`
+			Type  string `json:"type"`
+			Cause string `json:"cause"`
 		}
 		if json.Unmarshal(sc.Bytes(), &head) != nil {
 			continue
@@ -145,6 +148,10 @@ func (t *tracerProc) stop() (*TraceSummary, int, error) {
 		switch head.Type {
 		case "incident":
 			incidents++
+			if t.causes == nil {
+				t.causes = map[string]int{}
+			}
+			t.causes[head.Cause]++
 		case "summary":
 			sum = &TraceSummary{}
 			if err := json.Unmarshal(sc.Bytes(), sum); err != nil {

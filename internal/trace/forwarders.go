@@ -18,12 +18,24 @@ import (
 // addrRescan bounds how often a missing address rebuilds the map.
 const addrRescan = 5 * time.Second
 
+// tcpReread is how long a namespace's upstreamTCP answer is kept: a flood
+// of stalls at one local server asks it for every stall, and each read is
+// a netlink socket opened in the namespace and two dumps (milliseconds
+// under emulation: 2,300 stalls held a count pass's stop for 30 s).
+const tcpReread = time.Second
+
 // addrOwners maps the addresses of every living namespace to it. It is the
 // session reader's alone.
 type addrOwners struct {
 	ns     *namespaces
 	owners map[netip.Addr]uint32
 	at     time.Time
+	tcp    map[uint32]tcpRead // upstreamTCP's answers, by namespace
+}
+
+type tcpRead struct {
+	tcp bool
+	at  time.Time
 }
 
 // owner returns the namespace that holds a; the map is rebuilt when a is
@@ -36,8 +48,10 @@ func (a *addrOwners) owner(addr netip.Addr) (uint32, bool) {
 	if time.Since(a.at) < addrRescan {
 		return 0, false
 	}
-	a.at = time.Now()
 	a.owners = map[netip.Addr]uint32{}
+	// Timed from the rebuild's end: one that took longer than addrRescan
+	// must not make every next miss rebuild again.
+	defer func() { a.at = time.Now() }()
 	for ino, path := range a.ns.living() {
 		_ = inNamespace(path, func(h *netlink.Handle) error {
 			addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
@@ -62,8 +76,23 @@ func (a *addrOwners) owner(addr netip.Addr) (uint32, bool) {
 
 // upstreamTCP reports whether namespace ino has TCP connections to DNS
 // servers (port 53) established: a forwarder there that asks upstream over
-// TCP (NodeLocal DNSCache's force_tcp).
+// TCP (NodeLocal DNSCache's force_tcp). An answer is kept tcpReread.
 func (a *addrOwners) upstreamTCP(ino uint32) bool {
+	if r, ok := a.tcp[ino]; ok && time.Since(r.at) < tcpReread {
+		return r.tcp
+	}
+	if a.tcp == nil || len(a.tcp) > maxTCPReads {
+		a.tcp = map[uint32]tcpRead{}
+	}
+	found := a.readUpstreamTCP(ino)
+	a.tcp[ino] = tcpRead{tcp: found, at: time.Now()}
+	return found
+}
+
+// maxTCPReads bounds the namespaces upstreamTCP keeps answers for.
+const maxTCPReads = 1024
+
+func (a *addrOwners) readUpstreamTCP(ino uint32) bool {
 	path, ok := a.ns.livingPath(ino)
 	if !ok {
 		return false
