@@ -287,3 +287,51 @@ func TestAnswerFreedAtCloseBehindForwarder(t *testing.T) {
 		t.Errorf("pod incident: cause %s, upstream %+v; want upstream_lost naming the cache's query", inc.Cause, inc.Upstream)
 	}
 }
+
+// A cache that asks each question from a new port (dnsmasq without
+// --query-port): its lost query stalls two pods (Go's resolver), and the
+// first pod's retry makes it ask again, from another port, before the
+// second pod's retry. The second pod's stall is still the lost query's,
+// though the cache's latest query of the question is not.
+func TestForwarderNewPortPerQuery(t *testing.T) {
+	h := newForwarderHarness(t)
+	port := uint16(41000)
+	sock := func(a netip.AddrPort) netip.AddrPort { port++; return netip.AddrPortFrom(a.Addr(), port) }
+	fwdPort := func(p uint16) netip.AddrPort { return netip.AddrPortFrom(fwdSrc.Addr(), p) }
+
+	h.send(0, podA, podPID, sock(srcA), cacheAddr, 3000, dns.TypeA)
+	lost := h.send(ms, fwdNS, fwdPID, fwdPort(30001), vip, 100, dns.TypeA)
+	h.handle(drop(2*ms, lost, reasonOtherhost, 3, event.CT{}))
+	h.send(sec, podB, podPID, sock(srcB), cacheAddr, 3001, dns.TypeA) // joins the lost query
+	h.ticks(100*ms, 5*sec-100*ms)
+	// pod A's retry; the cache asks again from another port
+	retryA := h.send(5*sec, podA, podPID, sock(srcA), cacheAddr, 3002, dns.TypeA)
+	h.answer(5*sec+2*ms, h.send(5*sec+ms, fwdNS, fwdPID, fwdPort(30002), vip, 101, dns.TypeA))
+	h.answer(5*sec+3*ms, retryA)
+	h.ticks(5*sec+100*ms, 6*sec-100*ms)
+	// pod B's retry, answered the same way
+	retryB := h.send(6*sec, podB, podPID, sock(srcB), cacheAddr, 3003, dns.TypeA)
+	h.answer(6*sec+2*ms, h.send(6*sec+ms, fwdNS, fwdPID, fwdPort(30003), vip, 102, dns.TypeA))
+	h.answer(6*sec+3*ms, retryB)
+	h.ticks(6*sec+100*ms, 8*sec)
+	h.c.Close(9 * sec)
+
+	var fwd *Incident
+	pods := map[uint32]*Incident{}
+	for _, inc := range h.incidents {
+		switch inc.NetNS {
+		case fwdNS:
+			fwd = inc
+		case podA, podB:
+			pods[inc.NetNS] = inc
+		}
+	}
+	if fwd == nil || len(pods) != 2 {
+		t.Fatalf("incidents: cache %v, pods %d; want the cache's and one per pod", fwd != nil, len(pods))
+	}
+	for ns, inc := range pods {
+		if inc.Cause != CauseUpstreamLost || inc.Upstream == nil || inc.Upstream.Incident != fwd.ID {
+			t.Errorf("pod %d: cause %s, upstream %+v; want upstream_lost naming the cache's incident %d", ns, inc.Cause, inc.Upstream, fwd.ID)
+		}
+	}
+}

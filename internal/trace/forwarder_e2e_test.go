@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -166,5 +167,21 @@ func (tr *traced) checkForwarded(t *testing.T, fwdNS string) []*correlate.Incide
 			}
 		}
 	}
+	if t.Failed() {
+		// What the correlator had to go on: every incident, and the
+		// forwarder's queries upstream with their times.
+		t.Logf("the trace:\n%s\nthe forwarder's queries:\n%s", tr.text, tr.cacheQueryRecords())
+	}
 	return fwd
+}
+
+// cacheQueryRecords is the query records of the cache's port, in the order
+// read (by QID).
+func (tr *traced) cacheQueryRecords() string {
+	qids := slices.Sorted(maps.Keys(tr.cacheQueries))
+	var b strings.Builder
+	for _, q := range qids {
+		b.WriteString(tr.cacheQueries[q] + "\n")
+	}
+	return b.String()
 }
