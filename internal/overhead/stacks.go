@@ -23,10 +23,18 @@ func hungStacks(dump []byte, limit int) string {
 		if len(lines) < 2 || !strings.HasPrefix(lines[0], "goroutine ") || !bytes.Contains(g, []byte(projectFrame)) {
 			continue
 		}
+		// A frame is its function's line then its file's, indented; a
+		// line the runtime adds ("...additional frames elided...") has
+		// no file after it, so frames are found by prefix, not by pairs.
 		own := ""
-		for i := 1; i+1 < len(lines); i += 2 {
+		for i := 1; i < len(lines); i++ {
 			if strings.HasPrefix(lines[i], projectFrame) {
-				own = fmt.Sprintf("%s at %s", frameFunc(lines[i]), strings.Fields(lines[i+1])[0])
+				own = frameFunc(lines[i])
+				if i+1 < len(lines) {
+					if f := strings.Fields(lines[i+1]); len(f) > 0 {
+						own += " at " + f[0]
+					}
+				}
 				break
 			}
 		}
