@@ -102,8 +102,9 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.Machine.Accel, "accel", env("DNSRACE_VMTEST_ACCEL", "auto"), "qemu accelerator: auto (probe KVM, else TCG), tcg or kvm")
 	// Two on 2 host cores. Three end the matrix 40% sooner (a guest's
 	// vCPUs share one thread, TCG thread=single, and the tests' waits
-	// leave it idle), but stretch the guests' timing: TestTraceCacheRace
-	// then lost a pod's late answer at its socket's close (docs/vmtest.md).
+	// leave it idle), but stretch the guests' timing, which has found
+	// gaps (an answer freed at its socket's close, now an answer) faster
+	// than CI can afford to fail on them (docs/vmtest.md).
 	fs.IntVar(&o.Jobs, "jobs", envInt("DNSRACE_VMTEST_JOBS", 2), "guests booted at once (each has 2 vCPUs on one emulator thread)")
 	fs.StringVar(&o.Split, "split", env("DNSRACE_VMTEST_SPLIT", vmtest.DefaultSplit), `a guest per kernel and group of tiers ("G G ...", each G a comma list); "all": one guest per kernel`)
 	fs.BoolVar(&o.Full, "full", os.Getenv("DNSRACE_VMTEST_SCOPE") == "full", "the full matrix: the suites.txt and kernels.txt lines of scope full instead of those of the CI budget")

@@ -128,7 +128,7 @@ func (tr *traced) checkForwarded(t *testing.T, fwdNS string) []*correlate.Incide
 		want, per = tr.rep.StallTimeout, "timeout waited out (Go's resolver)"
 	}
 	if got := len(tr.incidents); got != want {
-		t.Errorf("%d pod incidents, want one per %s: %d\n%s", got, per, want, tr.text)
+		t.Errorf("%d pod incidents, want one per %s: %d (the trace follows)", got, per, want)
 	}
 	byID := map[uint64]*correlate.Incident{}
 	for _, inc := range tr.others[fwdNS] {
